@@ -1,0 +1,248 @@
+"""The ``specfold`` command line — the only module that prints.
+
+    specfold generate "What is 3 + 4?"                      # the embedded model
+    specfold generate --model DIR --prompt-ids 1,2,3 --json  # any supported checkpoint, raw ids, JSON out
+    specfold init-random DIR --family nld                   # a random-weight checkpoint in the real format
+
+Bad input ends with one ``specfold: error: ...`` line and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from specfold.model.loading import DTYPES, CheckpointError
+
+
+class UsageError(ValueError):
+    """Bad command-line input, reported as one line."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def threshold_type(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"threshold must be in (0, 1], got {value}")
+    return value
+
+
+def small_block_type(text: str) -> int | None | str:
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    return positive_int(text)
+
+
+def id_list(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("--prompt-ids is empty")
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError("token ids must be non-negative")
+    return ids
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model", default=None, help="checkpoint directory or Hugging Face id (default: the embedded model)"
+    )
+    g.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="weights and activations (default fp32)")
+    g.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    g.add_argument("--mask-id", type=int, default=None, help="override the mask token id")
+    g.add_argument("--eos-id", type=int, default=None, help="override the stop token id")
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decoding")
+    g.add_argument("--max-new-tokens", type=positive_int, default=256, help="generation budget (default 256)")
+    g.add_argument(
+        "--threshold",
+        type=threshold_type,
+        default=0.9,
+        help="unmask every eligible position with confidence > threshold, plus the most confident (0.9)",
+    )
+    g.add_argument("--block-size", type=positive_int, default=None, help="block length (default: the model's bd_size)")
+    g.add_argument(
+        "--small-block-size",
+        type=small_block_type,
+        default="auto",
+        help="eligible window inside a block: N, 'none', or 'auto' (8 for Fast-dLLM-v2, none for NLD)",
+    )
+
+
+def _load(args: argparse.Namespace):
+    from specfold.api import load_model
+
+    return load_model(args.model, dtype=args.dtype, device=args.device, mask_id=args.mask_id, eos_id=args.eos_id)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from specfold.api import generate
+
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise UsageError("give exactly one of PROMPT or --prompt-ids")
+    model = _load(args)
+    prompt = args.prompt if args.prompt is not None else args.prompt_ids
+    result = generate(
+        model,
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        threshold=args.threshold,
+        block_size=args.block_size,
+        small_block_size=args.small_block_size,
+        method=args.method,
+        chat=not args.no_chat,
+    )
+    if args.json:
+        out = result.to_dict()
+        out.update(method=args.method, model=str(model.path))
+        print(json.dumps(out))
+    else:
+        print(result.text if result.text is not None else " ".join(map(str, result.token_ids)))
+        print(
+            f"[{result.generated_tokens} tokens, NFE {result.nfe} ({result.nfe_denoise} denoise + {result.nfe_cache} "
+            f"cache), {result.tokens_per_forward:.2f} tokens/forward, {result.tokens_per_second:.1f} tokens/s]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_init_random(args: argparse.Namespace) -> int:
+    from specfold.model.random_checkpoint import write_random_checkpoint
+
+    out = write_random_checkpoint(
+        args.out,
+        args.family,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        num_layers=args.layers,
+        intermediate_size=args.intermediate_size,
+        mask_token_id=args.vocab_size - 1,
+        eos_token_id=args.vocab_size - 2,
+    )
+    print(
+        f"wrote a RANDOM-WEIGHT {args.family} checkpoint to {out} (mask id {args.vocab_size - 1}, "
+        f"stop id {args.vocab_size - 2}); its output is noise"
+    )
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump): ``specfold: error: ...``, exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main job: decode with the embedded model; before one ships, a random-weight checkpoint (labelled)."""
+    from pathlib import Path
+
+    from specfold.api import generate, load_model
+    from specfold.model.embedded import EMBEDDED_DIR
+    from specfold.model.random_checkpoint import write_random_checkpoint
+
+    if (EMBEDDED_DIR / "config.json").is_file():
+        model = load_model(None, dtype=args.dtype)
+        label = "embedded model"
+    else:
+        ckpt = write_random_checkpoint(
+            Path(args.workdir) / "random-fast-dllm-v2", "fast_dllm_v2", mask_token_id=300, eos_token_id=299
+        )
+        model = load_model(ckpt, dtype=args.dtype)
+        label = f"RANDOM-WEIGHT checkpoint at {ckpt} (no embedded model shipped yet; the tokens are noise)"
+    print(f"specfold demo: {label}")
+    for prompt in ([1, 2, 3, 4, 5], list(range(7, 7 + 40))):
+        result = generate(model, prompt, max_new_tokens=args.max_new_tokens)
+        print(
+            f"prompt {len(prompt)} ids -> {result.generated_tokens} tokens, NFE {result.nfe}, "
+            f"{result.tokens_per_forward:.2f} tokens/forward, {result.tokens_per_second:.1f} tokens/s"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="specfold",
+        description="Faster lossless decoding for masked diffusion LLMs (Fast-dLLM-v2, Nemotron-Labs-Diffusion).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser(
+        "generate",
+        help="decode one prompt",
+        description="Decode one prompt block by block and report NFE and tokens/s.",
+    )
+    p.add_argument("prompt", nargs="?", help="text prompt (sent through the model's chat template)")
+    p.add_argument("--prompt-ids", type=id_list, default=None, help="comma-separated token ids instead of text")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to a text prompt")
+    p.add_argument("--method", default="vanilla", choices=["vanilla"], help="decoding method")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_model_args(p)
+    add_decode_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser(
+        "demo",
+        help="the main job on the embedded model",
+        description="Decode a few prompts with the embedded model and report NFE and tokens/s.",
+    )
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--workdir", default="build", help="where a fallback random checkpoint is written")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "init-random",
+        help="write a random-weight checkpoint in a family's real format",
+        description="Write config.json + model.safetensors with random weights (for tests and demos).",
+    )
+    p.add_argument("out", help="output directory")
+    p.add_argument("--family", choices=["fast_dllm_v2", "nld"], default="fast_dllm_v2")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab-size", type=positive_int, default=301)
+    p.add_argument("--hidden-size", type=positive_int, default=96)
+    p.add_argument("--heads", type=positive_int, default=6)
+    p.add_argument("--kv-heads", type=positive_int, default=2)
+    p.add_argument("--layers", type=positive_int, default=2)
+    p.add_argument("--intermediate-size", type=positive_int, default=160)
+    p.set_defaults(func=cmd_init_random)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (CheckpointError, ValueError, FileNotFoundError, KeyboardInterrupt) as exc:
+        message = str(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
+        print(f"specfold: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

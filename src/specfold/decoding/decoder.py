@@ -1,0 +1,232 @@
+"""Block-wise decoding (SPEC §2) with optional multi-branch speculation (SPEC §3): one loop for every method.
+
+Dims: ``N`` block length, ``V`` vocabulary, ``K`` branches in a verification pass.
+
+The two families differ only in how a generation starts and how a finished block enters the cache; those are
+the small strategies in :data:`PROTOCOLS`. Everything else — the unmasking rule, stop detection, draft reuse —
+is shared:
+
+* vanilla: every pass verifies just the main state ``X_0``;
+* spiffy / specfold: a drafter proposes branch states from the logits that produced ``X_0``; after the pass the
+  rule is applied to ``X_0``'s logits and, while the next state equals a verified branch state exactly, that
+  branch's logits are used without a forward pass (an accepted draft). The trajectory is the vanilla one.
+
+NFE counts denoising passes and cache-writing/refresh forwards (separately too); prefill is reported apart.
+Decode time excludes prefill and tokenisation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import torch
+
+from specfold.config import DecodeConfig, Family
+from specfold.decoding.unmasking import stop_reached, unmask_step
+from specfold.engine.base import Verifier
+from specfold.engine.dense import DenseVerifier
+from specfold.model.cache import PrefixCache
+from specfold.model.loading import LoadedModel
+from specfold.model.transformer import DLLM
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated tokens, up to and including the stop token
+    text: str | None
+    nfe: int  # denoising passes + cache-writing forwards
+    nfe_denoise: int
+    nfe_cache: int
+    prefill_forwards: int
+    steps_per_block: list[int]  # rule applications per block (a pass may cover several)
+    seconds: float  # decode wall time, prefill and tokenisation excluded
+    generated_tokens: int
+    stopped: bool  # the stop token ended generation (else max_new_tokens did)
+    accepted_drafts: int = 0
+    engine_stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated_tokens / self.nfe if self.nfe else float(self.generated_tokens)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["tokens_per_second"] = self.tokens_per_second
+        out["tokens_per_forward"] = self.tokens_per_forward
+        return out
+
+
+class Drafter(Protocol):
+    def draft(
+        self,
+        logits: torch.Tensor,  # [N, V] the logits that produced x0
+        x0: torch.Tensor,  # [N]
+        gen_start: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(states [K, N], parents [K])`` with row 0 = ``x0`` and ``parents[0] = -1``."""
+        ...
+
+
+class StepObserver(Protocol):
+    """Sees the vanilla trajectory (used by calibration)."""
+
+    def block_start(self, state: torch.Tensor, gen_start: int) -> None: ...
+
+    def step(self, logits: torch.Tensor, next_state: torch.Tensor) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Family strategies: how a generation starts, and how a finished block enters the prefix cache.
+
+
+@dataclass(frozen=True)
+class BlockProtocol:
+    prefill_mask: str  # attention inside the prompt during prefill
+    finish_mask: str  # attention inside a finished block when it is written to the cache
+    start: Callable[[DLLM, torch.Tensor, PrefixCache, int, int], tuple[torch.Tensor, int, int]]
+
+
+def _seed_block(seed: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
+    block = torch.full((n,), mask_id, dtype=torch.long, device=seed.device)
+    block[0] = seed
+    return block
+
+
+def _start_fast_dllm(net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int, mask_id: int):
+    """Prefill the block-aligned part of the prompt (block-causal); a shorter tail stays fixed in the first
+    active block; an aligned prompt seeds the first block with the argmax of the prefill's last row."""
+    aligned = (prompt.numel() // n) * n
+    forwards = 0
+    last_logits = None
+    if aligned:
+        last_logits = net(prompt[None, :aligned], cache, mask="block_causal", write_cache=True)[0, -1]
+        forwards = 1
+    tail = prompt[aligned:]
+    if tail.numel():
+        block = torch.full((n,), mask_id, dtype=torch.long, device=prompt.device)
+        block[: tail.numel()] = tail
+        return block, tail.numel(), forwards
+    return _seed_block(last_logits.argmax(), n, mask_id), 0, forwards
+
+
+def _start_nld(net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int, mask_id: int):
+    """Causal prefill of the whole prompt; the argmax of its last row seeds ``[seed, M × (N-1)]``."""
+    last_logits = net(prompt[None], cache, mask="causal", write_cache=True)[0, -1]
+    return _seed_block(last_logits.argmax(), n, mask_id), 0, 1
+
+
+PROTOCOLS: dict[Family, BlockProtocol] = {
+    Family.FAST_DLLM_V2: BlockProtocol("block_causal", "bidirectional", _start_fast_dllm),
+    Family.NLD: BlockProtocol("causal", "causal", _start_nld),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def decode(
+    model: LoadedModel,
+    prompt_ids: list[int] | torch.Tensor,
+    cfg: DecodeConfig,
+    verifier: Verifier | None = None,
+    drafter: Drafter | None = None,
+    observer: StepObserver | None = None,
+) -> GenerationResult:
+    """Decode one prompt. ``drafter=None`` is vanilla decoding; the verifier defaults to dense."""
+    cfg.validate()
+    net = model.net
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=net.device).flatten()
+    if prompt.numel() == 0:
+        raise ValueError("empty prompt")
+    n, mask_id, stop_id = cfg.block_size, model.mask_id, model.stop_id
+    limit = model.config.max_position_embeddings
+    if prompt.numel() + cfg.max_new_tokens + n > limit:
+        raise ValueError(
+            f"prompt ({prompt.numel()} tokens) + max_new_tokens ({cfg.max_new_tokens}) + one block ({n}) exceeds "
+            f"the model's position limit {limit}"
+        )
+    if bool((prompt == mask_id).any()):
+        raise ValueError(f"the prompt contains the mask token id {mask_id}")
+    verifier = verifier or DenseVerifier(net)
+    proto = PROTOCOLS[model.config.family]
+    cache = net.new_cache(prompt.numel() + cfg.max_new_tokens + 2 * n)
+
+    block, gen_start, prefill_forwards = proto.start(net, prompt, cache, n, mask_id)
+    _sync(net.device)
+    t0 = time.perf_counter()
+    generated: list[int] = []
+    steps_per_block: list[int] = []
+    nfe_denoise = nfe_cache = accepted = 0
+    engine_stats: dict[str, float] = {}
+    no_parent = torch.tensor([-1], device=net.device)
+    while True:
+        if observer is not None:
+            observer.block_start(block, gen_start)
+        stop_at = stop_reached(block, gen_start, mask_id, stop_id)
+        steps = 0
+        ctx_logits = None  # the logits that produced the current state (none at a block's first step)
+        while stop_at is None and bool((block == mask_id).any()):
+            if drafter is not None and ctx_logits is not None:
+                states, parents = drafter.draft(ctx_logits, block, gen_start)
+            else:
+                states, parents = block[None], no_parent
+            result = verifier.verify(cache, states, parents)
+            nfe_denoise += 1
+            for key, value in result.stats.items():
+                engine_stats[key] = engine_stats.get(key, 0.0) + value
+            row = 0
+            while True:
+                logits = result.logits[row]
+                block = unmask_step(logits, block, mask_id, cfg.small_block_size, cfg.threshold)
+                steps += 1
+                if observer is not None:
+                    observer.step(logits, block)
+                stop_at = stop_reached(block, gen_start, mask_id, stop_id)
+                if stop_at is not None or not bool((block == mask_id).any()) or states.shape[0] == 1:
+                    break
+                match = (states == block).all(dim=-1).nonzero()
+                if match.numel() == 0:
+                    break
+                row = int(match[0, 0])  # an accepted draft: its logits are the model's for this state
+                accepted += 1
+            ctx_logits = logits
+        steps_per_block.append(steps)
+        end = n if stop_at is None else stop_at + 1
+        generated.extend(block[gen_start:end].tolist())
+        if stop_at is not None or len(generated) >= cfg.max_new_tokens:
+            break
+        # The finished block enters the cache; its last row seeds the next block.
+        seed = net(block[None], cache, mask=proto.finish_mask, write_cache=True)[0, -1].argmax()
+        nfe_cache += 1
+        block, gen_start = _seed_block(seed, n, mask_id), 0
+    _sync(net.device)
+    seconds = time.perf_counter() - t0
+    generated = generated[: cfg.max_new_tokens]
+    stopped = stop_at is not None and stop_id in generated
+    return GenerationResult(
+        token_ids=generated,
+        text=None,
+        nfe=nfe_denoise + nfe_cache,
+        nfe_denoise=nfe_denoise,
+        nfe_cache=nfe_cache,
+        prefill_forwards=prefill_forwards,
+        steps_per_block=steps_per_block,
+        seconds=seconds,
+        generated_tokens=len(generated),
+        stopped=stopped,
+        accepted_drafts=accepted,
+        engine_stats=engine_stats,
+    )

@@ -1,0 +1,91 @@
+"""The confidence unmasking rule shared by every decoder (SPEC §2).
+
+Dims: ``N`` block length, ``V`` vocabulary, ``...`` any leading batch dims (branches).
+
+A *block state* is a LongTensor ``[N]`` of token ids in which ``mask_id`` marks a masked position.
+Confidence of a masked position is the softmax probability of its argmax token. One step unmasks every
+eligible masked position whose confidence is ``> threshold`` and, always, the single most confident eligible
+one. Ties in confidence go to the lowest position (``torch.argmax`` returns the first maximum), so the rule is
+deterministic.
+
+Eligibility follows the family's protocol: with a small block size ``S`` (Fast-dLLM-v2) only masks inside the
+first small block that still has a mask are eligible; without one (Nemotron-Labs-Diffusion) every mask is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def confidence(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-1 probability and token per position.
+
+    logits: ``[..., N, V]`` any float dtype; the softmax runs in fp32 (fp64 stays fp64).
+    Returns ``(conf [..., N] float, top [..., N] long)``.
+    """
+    work = logits if logits.dtype == torch.float64 else logits.float()
+    probs = torch.softmax(work, dim=-1)
+    conf, top = probs.max(dim=-1)
+    return conf, top
+
+
+def eligible_mask(state: torch.Tensor, mask_id: int, small_block_size: int | None) -> torch.Tensor:
+    """Which positions the rule may unmask now.
+
+    state: ``[..., N]`` token ids. Returns bool ``[..., N]``.
+    """
+    masked = state == mask_id
+    if small_block_size is None:
+        return masked
+    n = state.shape[-1]
+    if n % small_block_size:
+        raise ValueError(f"block length {n} is not a multiple of the small block size {small_block_size}")
+    sb = torch.arange(n, device=state.device) // small_block_size  # [N] small-block index
+    # The first small block holding a mask; rows with no mask get an index past the end (nothing eligible).
+    big = n // small_block_size
+    first = torch.where(masked, sb.expand_as(state), torch.full_like(state, big)).amin(dim=-1, keepdim=True)
+    return masked & (sb == first)
+
+
+def select_unmask(conf: torch.Tensor, eligible: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Positions the rule unmasks: ``conf > threshold`` plus the single most confident eligible position.
+
+    conf: ``[..., N]``; eligible: bool ``[..., N]``. Returns bool ``[..., N]`` (all False where nothing is eligible).
+    """
+    neg = torch.tensor(-1.0, dtype=conf.dtype, device=conf.device)
+    masked_conf = torch.where(eligible, conf, neg)
+    best = masked_conf.argmax(dim=-1, keepdim=True)  # first maximum -> lowest position on ties
+    chosen = eligible & (conf > threshold)
+    chosen = chosen.scatter(-1, best, True) & eligible
+    return chosen
+
+
+def unmask_step(
+    logits: torch.Tensor,  # [..., N, V]
+    state: torch.Tensor,  # [..., N]
+    mask_id: int,
+    small_block_size: int | None,
+    threshold: float,
+) -> torch.Tensor:
+    """One application of the rule. Returns the next state ``[..., N]`` (a new tensor)."""
+    conf, top = confidence(logits)
+    chosen = select_unmask(conf, eligible_mask(state, mask_id, small_block_size), threshold)
+    return torch.where(chosen, top, state)
+
+
+def stop_reached(state: torch.Tensor, gen_start: int, mask_id: int, stop_id: int | None) -> int | None:
+    """Index (in the block) of a stop token unmasked with no mask before it, if any.
+
+    state: ``[N]``. Only generated positions ``>= gen_start`` count: a prompt tail may hold a stop token of an
+    earlier chat turn. Returns the first such index or ``None``.
+    """
+    if stop_id is None:
+        return None
+    gen = state[gen_start:]
+    is_stop = gen == stop_id
+    if not bool(is_stop.any()):
+        return None
+    first_stop = int(is_stop.nonzero()[0, 0])
+    if bool((gen[:first_stop] == mask_id).any()):
+        return None
+    return gen_start + first_stop

@@ -1,0 +1,33 @@
+"""The verifier interface shared by dense and folded execution.
+
+Dims: ``K`` = number of branches (main + drafts, at most ``B+1``), ``N`` block length, ``V`` vocabulary.
+
+``verify(cache, states, parents)`` runs the model once over every branch state against the one shared prefix
+cache and returns the logits *per block position* (the family's shift already applied), so that the decoder can
+apply the unmasking rule to any row. ``parents[k] < k`` is the draft graph edge of row ``k`` (``parents[0] = -1``);
+the dense verifier ignores it, the folded one gates each row against its parent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specfold.model.cache import PrefixCache
+
+
+@dataclass
+class VerifyResult:
+    logits: torch.Tensor  # [K, N, V]
+    stats: dict[str, float] = field(default_factory=dict)  # summed over passes by the decoder
+
+
+class Verifier(Protocol):
+    def verify(
+        self,
+        cache: PrefixCache,
+        states: torch.Tensor,  # [K, N] long
+        parents: torch.Tensor,  # [K] long, parents[0] = -1
+    ) -> VerifyResult: ...

@@ -1,0 +1,1 @@
+"""specfold.engine.kernels."""

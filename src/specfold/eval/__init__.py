@@ -1,0 +1,1 @@
+"""Evaluation: benchmark tasks, exact scorers and the sandbox that runs untrusted code."""

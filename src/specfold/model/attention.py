@@ -1,0 +1,103 @@
+"""Attention of block rows over a shared prefix cache and their own block, keeping the streaming-softmax state.
+
+Dims: ``B`` branches (block states verified together), ``T`` block rows, ``P`` cached prefix length,
+``Hq`` query heads, ``Hkv`` key/value heads (GQA group ``G = Hq / Hkv``), ``D`` head dim.
+
+The prefix K/V is stored once (``[Hkv, P, D]``) and shared by every branch without being copied: the prefix
+part of the scores is one GEMM in which the rows of all branches are stacked as queries. The block part is a
+per-branch GEMM. The two parts are merged with the streaming-softmax state ``(m, Z, O)``:
+
+    m = max over keys of s,   Z = Σ e^{s - m},   O = Σ e^{s - m} v / Z
+
+which is exactly the state the folded engine corrects (SPEC §4, Eq. 8), so it is returned rather than hidden.
+Scores and the state are kept in fp32 (fp64 for fp64 models); the P·V products run in the value dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttnState:
+    """Streaming-softmax state per row and head. ``m``, ``z``: ``[B, T, Hq]``; ``o``: ``[B, T, Hq, D]``
+    (normalised by ``z``). All in the accumulation dtype (fp32, or fp64 for fp64 inputs)."""
+
+    m: torch.Tensor
+    z: torch.Tensor
+    o: torch.Tensor
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def block_bias(
+    kind: str, n: int, chunk: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> torch.Tensor | None:
+    """Additive mask ``[n, n]`` for the block part: ``bidirectional`` (None), ``causal`` or ``block_causal``
+    (bidirectional inside each ``chunk``-aligned chunk, causal across chunks; rows are assumed to start at a
+    chunk boundary)."""
+    if kind == "bidirectional":
+        return None
+    idx = torch.arange(n, device=device)
+    if kind == "causal":
+        allowed = idx[None, :] <= idx[:, None]
+    elif kind == "block_causal":
+        allowed = (idx[None, :] // chunk) <= (idx[:, None] // chunk)
+    else:
+        raise ValueError(f"unknown attention mask kind {kind!r}")
+    bias = torch.zeros(n, n, dtype=dtype, device=device)
+    return bias.masked_fill(~allowed, float("-inf"))
+
+
+def attend(
+    q: torch.Tensor,  # [B, T, Hq, D] (RoPE'd, query-scaled)
+    prefix_k: torch.Tensor | None,  # [Hkv, P, D] shared by every branch, or None when P = 0
+    prefix_v: torch.Tensor | None,  # [Hkv, P, D]
+    block_k: torch.Tensor,  # [B, S, Hkv, D] each branch's own block keys
+    block_v: torch.Tensor,  # [B, S, Hkv, D]
+    bias: torch.Tensor | None,  # [T, S] additive (0 / -inf), None = every row sees every block key
+    scale: float,
+) -> AttnState:
+    b, t, hq, d = q.shape
+    hkv = block_k.shape[2]
+    g = hq // hkv
+    acc = accumulation_dtype(q.dtype)
+    qg = q.view(b, t, hkv, g, d)
+
+    # Block part: [B, Hkv, T*G, S]
+    qb = qg.permute(0, 2, 1, 3, 4).reshape(b, hkv, t * g, d)
+    kb = block_k.permute(0, 2, 3, 1)  # [B, Hkv, D, S]
+    s_blk = torch.matmul(qb, kb).to(acc) * scale
+    s_blk = s_blk.view(b, hkv, t, g, -1)
+    if bias is not None:
+        s_blk = s_blk + bias.to(acc)[None, None, :, None, :]
+    m = s_blk.amax(dim=-1)  # [B, Hkv, T, G]
+
+    s_pre = None
+    if prefix_k is not None and prefix_k.shape[1] > 0:
+        # NOTE: all branches' rows are stacked as queries so the shared prefix is read once, never expanded.
+        qp = qg.permute(2, 0, 1, 3, 4).reshape(hkv, b * t * g, d)
+        s_pre = torch.matmul(qp, prefix_k.transpose(1, 2)).to(acc) * scale  # [Hkv, B*T*G, P]
+        s_pre = s_pre.view(hkv, b, t, g, -1).permute(1, 0, 2, 3, 4)  # [B, Hkv, T, G, P]
+        m = torch.maximum(m, s_pre.amax(dim=-1))
+
+    p_blk = torch.exp(s_blk - m[..., None])
+    z = p_blk.sum(dim=-1)
+    vb = block_v.permute(0, 2, 1, 3)  # [B, Hkv, S, D]
+    o = torch.matmul(p_blk.reshape(b, hkv, t * g, -1).to(block_v.dtype), vb).to(acc).view(b, hkv, t, g, d)
+    if s_pre is not None:
+        p_pre = torch.exp(s_pre - m[..., None])
+        z = z + p_pre.sum(dim=-1)
+        pp = p_pre.permute(1, 0, 2, 3, 4).reshape(hkv, b * t * g, -1).to(prefix_v.dtype)
+        o = o + torch.matmul(pp, prefix_v).to(acc).view(hkv, b, t, g, d).permute(1, 0, 2, 3, 4)
+    o = o / z[..., None]
+    # [B, Hkv, T, G, ...] -> [B, T, Hq, ...]
+    return AttnState(
+        m=m.permute(0, 2, 1, 3).reshape(b, t, hq),
+        z=z.permute(0, 2, 1, 3).reshape(b, t, hq),
+        o=o.permute(0, 2, 1, 3, 4).reshape(b, t, hq, d),
+    )

@@ -1,0 +1,291 @@
+"""Hugging Face checkpoint loading: a local directory or a hub id, single-file or sharded safetensors.
+
+Weight names follow the real checkpoints (key templates, as in gpt-fast):
+
+* Fast-dLLM-v2 / qwen2: ``model.layers.{i}.self_attn.q_proj.weight`` …, head ``lm_head.weight`` (absent when tied);
+* Nemotron-Labs-Diffusion: the same layer names under ``encoder.`` and the head ``diffusion_head.weight``
+  *(check: layout inferred from public notes; the loader also accepts ``lm_head.weight`` as the head)*.
+
+Every problem is a :class:`CheckpointError` with a one-line message naming the file or tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specfold.config import ConfigError, Family, ModelConfig
+from specfold.model.transformer import DLLM
+
+DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
+MASK_TOKEN = "|<MASK>|"
+STOP_TOKENS = ("<|im_end|>", "<|eot_id|>", "</s>")
+
+_LAYER_KEYS = {
+    "input_norm": ["input_layernorm.weight"],
+    "wqkv": ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
+    "bqkv": ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
+    "wo": ["self_attn.o_proj.weight"],
+    "post_norm": ["post_attention_layernorm.weight"],
+    "w_gate_up": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+    "w_down": ["mlp.down_proj.weight"],
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be found, downloaded or loaded."""
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_checkpoint(path_or_id: str | Path) -> Path:
+    """A local directory as is; otherwise a hub id downloaded with ``huggingface_hub`` (config, weights, tokenizer)."""
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        return path
+    text = str(path_or_id)
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise CheckpointError(f"no checkpoint directory at '{text}'")
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(
+            text,
+            allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.jinja", "*.model"],
+        )
+    except Exception as exc:  # noqa: BLE001 - any hub/network failure becomes one clear line
+        raise CheckpointError(
+            f"could not download '{text}' from the Hugging Face Hub ({type(exc).__name__}); "
+            "offline? pass a local checkpoint directory instead"
+        ) from None
+    return Path(local)
+
+
+def read_config(ckpt: Path) -> ModelConfig:
+    cfg_path = ckpt / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"incomplete checkpoint: {cfg_path} is missing")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from None
+    try:
+        return ModelConfig.from_dict(raw)
+    except ConfigError as exc:
+        raise CheckpointError(f"{cfg_path}: {exc}") from None
+
+
+def _weight_files(ckpt: Path) -> list[Path]:
+    single = ckpt / "model.safetensors"
+    index = ckpt / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({ckpt / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"incomplete checkpoint: shard {missing[0]} listed in {index.name} is missing")
+        return files
+    raise CheckpointError(f"incomplete checkpoint: no model.safetensors or model.safetensors.index.json in {ckpt}")
+
+
+def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for key in handle.keys():
+                    tensors[key] = handle.get_tensor(key)
+        except Exception as exc:  # noqa: BLE001
+            raise CheckpointError(f"cannot read weights from {f.name}: {exc}") from None
+    return tensors
+
+
+def _prefix(cfg: ModelConfig) -> str:
+    return "encoder." if cfg.family is Family.NLD else "model."
+
+
+def _head_keys(cfg: ModelConfig) -> list[str]:
+    return ["diffusion_head.weight", "lm_head.weight"] if cfg.family is Family.NLD else ["lm_head.weight"]
+
+
+def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map HF tensor names onto our fused parameters (checks presence; shapes are checked by the caller)."""
+
+    def take(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise CheckpointError(f"checkpoint lacks tensor '{name}'")
+        return tensors[name]
+
+    pre = _prefix(cfg)
+    out = {"embed": take(pre + "embed_tokens.weight"), "final_norm": take(pre + "norm.weight")}
+    head = next((k for k in _head_keys(cfg) if k in tensors), None)
+    if not cfg.tie_word_embeddings:
+        if head is None:
+            raise CheckpointError(f"checkpoint lacks tensor '{_head_keys(cfg)[0]}' (tie_word_embeddings is false)")
+        out["head"] = tensors[head]
+    for i in range(cfg.num_layers):
+        lp = f"{pre}layers.{i}."
+        for ours, theirs in _LAYER_KEYS.items():
+            if ours == "bqkv" and not cfg.qkv_bias:
+                continue
+            parts = [take(lp + name) for name in theirs]
+            out[f"layers.{i}.{ours}"] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    return out
+
+
+def state_dict_to_hf(model: DLLM) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`state_dict_from_hf`: our parameters under the family's HF names."""
+    cfg = model.cfg
+    pre = _prefix(cfg)
+    hq, hkv, d, f = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    out = {pre + "embed_tokens.weight": model.embed, pre + "norm.weight": model.final_norm}
+    if model.head is not None:
+        out[_head_keys(cfg)[0]] = model.head
+    for i, layer in enumerate(model.layers):
+        lp = f"{pre}layers.{i}."
+        q, k, v = layer.wqkv.split([hq * d, hkv * d, hkv * d])
+        out.update({
+            lp + "input_layernorm.weight": layer.input_norm,
+            lp + "self_attn.q_proj.weight": q, lp + "self_attn.k_proj.weight": k, lp + "self_attn.v_proj.weight": v,
+            lp + "self_attn.o_proj.weight": layer.wo,
+            lp + "post_attention_layernorm.weight": layer.post_norm,
+            lp + "mlp.down_proj.weight": layer.w_down,
+        })
+        gate, up = layer.w_gate_up.split([f, f])
+        out[lp + "mlp.gate_proj.weight"], out[lp + "mlp.up_proj.weight"] = gate, up
+        if layer.bqkv is not None:
+            bq, bk, bv = layer.bqkv.split([hq * d, hkv * d, hkv * d])
+            out[lp + "self_attn.q_proj.bias"], out[lp + "self_attn.k_proj.bias"] = bq, bk
+            out[lp + "self_attn.v_proj.bias"] = bv
+    return {k: v.detach().contiguous() for k, v in out.items()}
+
+
+def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: str) -> DLLM:
+    with torch.device("meta"):
+        model = DLLM(cfg)
+    expected = dict(model.named_parameters())
+    for name, param in expected.items():
+        if name not in weights:
+            raise CheckpointError(f"checkpoint lacks the weights for '{name}'")
+        if tuple(weights[name].shape) != tuple(param.shape):
+            raise CheckpointError(
+                f"shape mismatch for '{name}': checkpoint has {tuple(weights[name].shape)}, "
+                f"config.json implies {tuple(param.shape)}"
+            )
+    model.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, assign=True)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+@dataclass
+class SpecialIds:
+    mask: int
+    stop: int | None
+
+
+def load_tokenizer(ckpt: Path) -> Any | None:
+    """The checkpoint's tokenizer via ``transformers.AutoTokenizer`` (local files only), or None if absent."""
+    if not any((ckpt / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+    except Exception:  # noqa: BLE001 - custom model_types confuse AutoTokenizer; fall back to the fast file
+        tok_file = ckpt / "tokenizer.json"
+        if not tok_file.is_file():
+            raise CheckpointError(f"cannot load the tokenizer in {ckpt}") from None
+        from transformers import PreTrainedTokenizerFast
+
+        cfg_path = ckpt / "tokenizer_config.json"
+        extra = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        kwargs = {k: extra[k] for k in ("eos_token", "pad_token", "chat_template") if isinstance(extra.get(k), str)}
+        return PreTrainedTokenizerFast(tokenizer_file=str(tok_file), **kwargs)
+
+
+def special_ids(
+    cfg: ModelConfig, tokenizer: Any | None, mask_id: int | None = None, eos_id: int | None = None
+) -> SpecialIds:
+    """mask = override, else config ``mask_token_id``, else the tokenizer's ``|<MASK>|``;
+    stop = override, else the tokenizer's ``<|im_end|>`` / EOS, else config ``eos_token_id``."""
+    if mask_id is None:
+        mask_id = cfg.mask_token_id
+    if mask_id is None and tokenizer is not None:
+        found = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if isinstance(found, int) and found != tokenizer.unk_token_id:
+            mask_id = found
+    if mask_id is None:
+        raise CheckpointError(
+            f"cannot find the mask token: config.json has no mask_token_id and the tokenizer has no {MASK_TOKEN}; "
+            "pass --mask-id"
+        )
+    if eos_id is None and tokenizer is not None:
+        for tok in STOP_TOKENS:
+            found = tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(found, int) and found != tokenizer.unk_token_id and found is not None:
+                eos_id = found
+                break
+        if eos_id is None and tokenizer.eos_token_id is not None:
+            eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        eos_id = cfg.eos_token_id
+    for name, value in (("mask", mask_id), ("stop", eos_id)):
+        if value is not None and not 0 <= value < cfg.vocab_size:
+            raise CheckpointError(f"{name} token id {value} is outside the vocabulary (size {cfg.vocab_size})")
+    return SpecialIds(mask=int(mask_id), stop=None if eos_id is None else int(eos_id))
+
+
+def load_checkpoint(
+    path_or_id: str | Path, dtype: str | torch.dtype = "fp32", device: str = "cpu"
+) -> tuple[Path, ModelConfig, DLLM]:
+    ckpt = resolve_checkpoint(path_or_id)
+    cfg = read_config(ckpt)
+    weights = state_dict_from_hf(cfg, _read_tensors(_weight_files(ckpt)))
+    return ckpt, cfg, build_model(cfg, weights, parse_dtype(dtype), device)
+
+
+@dataclass
+class LoadedModel:
+    """A ready model: our network, its config, tokenizer (may be None) and resolved special ids."""
+
+    net: DLLM
+    config: ModelConfig
+    tokenizer: Any | None
+    mask_id: int
+    stop_id: int | None
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def load_model(
+    path_or_id: str | Path | None = None,
+    dtype: str | torch.dtype = "fp32",
+    device: str = "cpu",
+    mask_id: int | None = None,
+    eos_id: int | None = None,
+) -> LoadedModel:
+    """Load a checkpoint directory or hub id; with no argument, the embedded model shipped with specfold."""
+    if path_or_id is None:
+        from specfold.model.embedded import embedded_model_dir
+
+        path_or_id = embedded_model_dir()
+    ckpt, cfg, net = load_checkpoint(path_or_id, dtype=dtype, device=device)
+    tokenizer = load_tokenizer(ckpt)
+    ids = special_ids(cfg, tokenizer, mask_id=mask_id, eos_id=eos_id)
+    return LoadedModel(net=net, config=cfg, tokenizer=tokenizer, mask_id=ids.mask, stop_id=ids.stop, path=ckpt)

@@ -1,0 +1,114 @@
+"""Random-weight checkpoints in the real on-disk format of each family (config.json + model.safetensors).
+
+Used by the tests (odd shapes exercise GQA, biases, YaRN) and by the demo before a trained model exists.
+The weights are random: whatever such a model generates is noise, and the CLI says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specfold.config import Family, ModelConfig
+from specfold.model.loading import state_dict_to_hf
+from specfold.model.transformer import DLLM
+
+
+def random_config(
+    family: Family | str,
+    vocab_size: int = 301,
+    hidden_size: int = 96,
+    num_heads: int = 6,
+    num_kv_heads: int = 2,
+    num_layers: int = 2,
+    intermediate_size: int = 160,
+    mask_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    tie_word_embeddings: bool = False,
+    max_position_embeddings: int = 4096,
+) -> dict[str, Any]:
+    """A config.json dict as the family's real checkpoints write it."""
+    family = Family(family)
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    if family is Family.FAST_DLLM_V2:
+        cfg = {
+            **common,
+            "model_type": "Fast_dLLM_Qwen",
+            "architectures": ["Fast_dLLM_QwenForCausalLM"],
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "bd_size": 32,
+        }
+    else:
+        cfg = {
+            **common,
+            "model_type": "nemotron_labs_diffusion",
+            "architectures": ["NemotronLabsDiffusionModel"],
+            "rms_norm_eps": 1e-5,
+            "head_dim": hidden_size // num_heads,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 16.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+        }
+    if mask_token_id is not None:
+        cfg["mask_token_id"] = mask_token_id
+    if eos_token_id is not None:
+        cfg["eos_token_id"] = eos_token_id
+    return cfg
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> DLLM:
+    """A DLLM with random weights (fp32). Norm weights are perturbed around 1 so they are exercised too."""
+    gen = torch.Generator().manual_seed(seed)
+    model = DLLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("bqkv"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif name in ("embed", "head"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=gen) * (p.shape[-1] / 96) ** -0.5 * 2)
+    return model.eval()
+
+
+def save_checkpoint(model: DLLM, out_dir: Path | str, config: dict[str, Any]) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` under the family's HF names."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = {k: v.to(torch.float32).contiguous() for k, v in state_dict_to_hf(model).items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def write_random_checkpoint(out_dir: Path | str, family: Family | str, seed: int = 0, **shape: Any) -> Path:
+    cfg_dict = random_config(family, **shape)
+    model = random_model(ModelConfig.from_dict(cfg_dict), seed=seed)
+    return save_checkpoint(model, out_dir, cfg_dict)

@@ -1,0 +1,1 @@
+"""Training utilities for the small embedded block-diffusion LM (tokenizer first)."""

@@ -1,0 +1,27 @@
+"""Shared fixtures: fixed seeds, random checkpoints of both families in the real on-disk format."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfold.model.random_checkpoint import write_random_checkpoint
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def fd_ckpt(tmp_path_factory: pytest.TempPathFactory):
+    """Fast-dLLM-v2 family, odd shapes: hidden 96, 6 heads / 2 KV heads, vocab 301, q/k/v bias, untied head."""
+    return write_random_checkpoint(
+        tmp_path_factory.mktemp("fd"), "fast_dllm_v2", seed=1, mask_token_id=300, eos_token_id=299
+    )
+
+
+@pytest.fixture(scope="session")
+def nld_ckpt(tmp_path_factory: pytest.TempPathFactory):
+    """Nemotron-Labs-Diffusion family, odd shapes, YaRN + Llama-4 query scaling (original max 64 so it bites)."""
+    return write_random_checkpoint(tmp_path_factory.mktemp("nld"), "nld", seed=2, mask_token_id=300, eos_token_id=299)
