@@ -1,19 +1,42 @@
-"""The public entry points: :func:`load_model` and :func:`generate`."""
+"""The public entry points: :func:`load_model`, :func:`generate`, and the pieces the CLI and evaluation share
+(prompt encoding, decoding configs, method set-up, draft-graph resolution, calibration counting)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.decoder import GenerationResult, decode
+from specfold.decoding.calibration import count_formulas, counts_from_json, graph_from_counts
+from specfold.decoding.decoder import Drafter, GenerationResult, decode
+from specfold.decoding.draft_graph import DraftGraph, Formula
+from specfold.decoding.speculative import GraphDrafter, TraceRecorder
+from specfold.engine.base import Verifier
+from specfold.engine.dense import DenseVerifier
 from specfold.model.loading import LoadedModel, load_model
 
-__all__ = ["GenerationResult", "encode_prompt", "generate", "load_model", "decode_config_for"]
+__all__ = [
+    "METHODS",
+    "GenerationResult",
+    "Method",
+    "decode_config_for",
+    "encode_prompt",
+    "generate",
+    "load_model",
+    "prepare_method",
+    "record_counts",
+    "resolve_graph",
+]
 
-METHODS = ("vanilla",)
+METHODS = ("vanilla", "spiffy", "specfold")
+DEFAULT_BUDGET = 7
+GRAPH_FILE = "draft_graph.json"  # a calibrated graph shipped beside a checkpoint (B = 7)
+COUNTS_FILE = "draft_counts.json"  # the calibration counts behind it: any B / depth cap can be selected from them
 
 
 def encode_prompt(model: LoadedModel, prompt: str, chat: bool = True) -> list[int]:
@@ -53,6 +76,72 @@ def decode_config_for(
     return cfg
 
 
+def resolve_graph(
+    model: LoadedModel,
+    graph: str | Path | DraftGraph | None = None,
+    budget: int | None = None,
+    depth: int | None = None,
+) -> DraftGraph:
+    """The draft graph to use: a given graph (file), else one selected from the calibration counts shipped beside
+    the checkpoint (the shipped ``draft_graph.json`` when B = 7 and no depth cap)."""
+    if budget is not None and budget < 1:
+        raise ValueError(f"budget must be positive, got {budget}")
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth cap must be positive, got {depth}")
+    if isinstance(graph, DraftGraph):
+        g = graph
+    elif graph is not None:
+        g = DraftGraph.load(graph, expect_budget=budget if depth is None else None)
+    else:
+        shipped, counts_path = model.path / GRAPH_FILE, model.path / COUNTS_FILE
+        if shipped.is_file() and budget in (None, DEFAULT_BUDGET) and depth is None:
+            return DraftGraph.load(shipped)
+        if not counts_path.is_file():
+            raise ValueError(f"no draft graph for {model.path}: pass --graph FILE (make one with `specfold calibrate`)")
+        counts = counts_from_json(json.loads(counts_path.read_text()))
+        return graph_from_counts(
+            counts, budget or DEFAULT_BUDGET, depth, model=model.name, provenance={"source": str(counts_path)}
+        )
+    return g.restricted(depth) if depth is not None else g
+
+
+@dataclass
+class Method:
+    """A decoding method ready to run: how a pass is verified and how drafts are made (None: vanilla)."""
+
+    name: str
+    verifier: Verifier
+    drafter: Drafter | None
+    graph: DraftGraph | None = None
+
+
+def prepare_method(
+    model: LoadedModel,
+    method: str = "vanilla",
+    small_block_size: int | None = None,
+    graph: str | Path | DraftGraph | None = None,
+    budget: int | None = None,
+    depth: int | None = None,
+    delta: float = 0.1,
+    backend: str = "torch",
+) -> Method:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "vanilla":
+        if graph is not None or budget is not None or depth is not None:
+            raise ValueError("--graph/--budget/--depth apply to spiffy and specfold, not vanilla")
+        return Method("vanilla", DenseVerifier(model.net), None)
+    g = resolve_graph(model, graph, budget, depth)
+    drafter = GraphDrafter(g, model.mask_id, small_block_size, model.stop_id, device=model.net.device)
+    if method == "spiffy":
+        return Method("spiffy", DenseVerifier(model.net), drafter, g)
+    if delta < 0:
+        raise ValueError(f"delta must be >= 0, got {delta}")
+    from specfold.engine.folded import FoldedVerifier
+
+    return Method("specfold", FoldedVerifier(model.net, delta=delta, backend=backend), drafter, g)
+
+
 def generate(
     model: LoadedModel,
     prompt_or_ids: str | list[int] | torch.Tensor,
@@ -62,17 +151,42 @@ def generate(
     block_size: int | None = None,
     small_block_size: int | None | str = "auto",
     method: str = "vanilla",
+    graph: str | Path | DraftGraph | None = None,
+    budget: int | None = None,
+    depth: int | None = None,
+    delta: float = 0.1,
+    backend: str = "torch",
     chat: bool = True,
-    **method_options: Any,
 ) -> GenerationResult:
-    """Decode one prompt (text through the chat template, or token ids as given) and return a typed result."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if method_options:
-        raise ValueError(f"method {method!r} takes no options {sorted(method_options)}")
+    """Decode one prompt (text through the chat template, or token ids as given) and return a typed result.
+
+    ``method``: ``vanilla``; ``spiffy`` (drafts from a calibrated graph, dense verification); ``specfold`` (the
+    same drafts, folded verification with threshold ``delta``). All three produce the vanilla tokens at
+    ``delta = 0``; ``specfold`` with ``delta > 0`` trades exactness for speed.
+    """
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size)
+    m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend)
     ids = encode_prompt(model, prompt_or_ids, chat) if isinstance(prompt_or_ids, str) else prompt_or_ids
-    result = decode(model, ids, cfg)
+    result = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
     if model.tokenizer is not None:
         result.text = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return result
+
+
+def record_counts(
+    model: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    cfg: DecodeConfig,
+    max_depth: int = 8,
+    max_vocab_rank: int = 8,
+    progress: Callable[[int], None] | None = None,
+) -> Counter[Formula]:
+    """Decode calibration prompts vanilla and count every real transition as a draft formula (SPEC §3)."""
+    counts: Counter[Formula] = Counter()
+    for i, ids in enumerate(prompts):
+        recorder = TraceRecorder(model.mask_id, cfg.small_block_size, model.stop_id, max_vocab_rank)
+        decode(model, list(ids), cfg, observer=recorder)
+        counts.update(count_formulas(recorder.traces, max_depth, max_vocab_rank))
+        if progress is not None:
+            progress(i + 1)
+    return counts

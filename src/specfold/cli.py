@@ -88,6 +88,80 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
+    g = p.add_argument_group("speculation (spiffy, specfold)")
+    if multi:
+        g.add_argument(
+            "--methods",
+            default="vanilla",
+            type=method_list,
+            help="comma-separated: vanilla, spiffy, specfold (default vanilla)",
+        )
+    else:
+        g.add_argument(
+            "--method",
+            default="vanilla",
+            choices=["vanilla", "spiffy", "specfold"],
+            help="vanilla; spiffy = drafts + dense verification; specfold = drafts + folded verification",
+        )
+    g.add_argument("--graph", default=None, help="draft graph JSON (default: the one shipped beside the model)")
+    g.add_argument("--budget", type=positive_int, default=None, help="draft budget B (default 7)")
+    g.add_argument("--depth", type=positive_int, default=None, help="cap on the draft graph depth")
+    if multi:
+        g.add_argument(
+            "--delta",
+            type=float_list,
+            default=[0.1],
+            help="specfold recompute threshold(s) on the relative residual, comma-separated (0.1)",
+        )
+    else:
+        g.add_argument(
+            "--delta",
+            type=non_negative_float,
+            default=0.1,
+            help="specfold recompute threshold on the relative residual (default 0.1)",
+        )
+    g.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def float_list(text: str) -> list[float]:
+    return [non_negative_float(t) for t in text.split(",") if t.strip()]
+
+
+def method_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in ("vanilla", "spiffy", "specfold")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {bad or text!r}; choose from vanilla, spiffy, specfold")
+    return names
+
+
+def method_kwargs(args: argparse.Namespace, method: str | None = None) -> dict:
+    """Options for a speculative method (none for vanilla)."""
+    if (method or args.method) == "vanilla":
+        for flag in ("graph", "budget", "depth"):
+            if getattr(args, flag) is not None and method is None:
+                raise UsageError(f"--{flag} applies to --method spiffy or specfold")
+        return {}
+    return {
+        "graph": args.graph,
+        "budget": args.budget,
+        "depth": args.depth,
+        "delta": args.delta,
+        "backend": args.backend,
+    }
+
+
 def _load(args: argparse.Namespace):
     from specfold.api import load_model
 
@@ -110,10 +184,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         small_block_size=args.small_block_size,
         method=args.method,
         chat=not args.no_chat,
+        **method_kwargs(args),
     )
     if args.json:
         out = result.to_dict()
         out.update(method=args.method, model=str(model.path))
+        if args.method != "vanilla":
+            out["accepted_per_step"] = result.accepted_drafts / max(1, result.nfe_denoise)
+        if args.method == "specfold":
+            out["fold_ratio"] = fold_ratio(result.engine_stats)
         print(json.dumps(out))
     else:
         print(result.text if result.text is not None else " ".join(map(str, result.token_ids)))
@@ -122,6 +201,120 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"cache), {result.tokens_per_forward:.2f} tokens/forward, {result.tokens_per_second:.1f} tokens/s]",
             file=sys.stderr,
         )
+    return 0
+
+
+def fold_ratio(stats: dict[str, float]) -> float | None:
+    draft = stats.get("draft_triples", 0.0)
+    return stats.get("folded_triples", 0.0) / draft if draft else None
+
+
+def _progress_bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr, disable=None)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.eval.harness import EvalPlan, MethodSpec, format_table, run_eval, summarize
+
+    specs = []
+    for name in args.methods:
+        if name == "specfold":
+            specs += [MethodSpec(name, args.budget, args.depth, d, args.graph, args.backend) for d in args.delta]
+        elif name == "spiffy":
+            specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph))
+        else:
+            specs.append(MethodSpec(name))
+    plan = EvalPlan(
+        tasks=args.tasks,
+        methods=specs,
+        split=args.split,
+        limit=args.limit,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        max_new_tokens=args.max_new_tokens,
+        threshold=args.threshold,
+        block_size=args.block_size,
+        small_block_size=args.small_block_size,
+        num_shards=args.num_shards,
+        shard_id=args.shard_id,
+        chat=not args.no_chat,
+    )
+    model = _load(args)
+    bar = None
+
+    def progress(p) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = _progress_bar(p.total, "eval")
+        bar.set_postfix_str(" ".join(f"{k} {v:.0f} tok/s" for k, v in p.tokens_per_second.items()), refresh=False)
+        bar.update(p.done - bar.n)
+
+    records = run_eval(model, plan, Path(args.out) if args.out else None, progress)
+    if bar is not None:
+        bar.close()
+    summary = summarize(records)
+    print(format_table(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.api import decode_config_for, encode_prompt, record_counts
+    from specfold.decoding.calibration import counts_to_json, graph_from_counts
+
+    model = _load(args)
+    if args.data_dir:
+        from specfold.eval.benchmarks import calibration_prompts
+
+        half = args.samples // 2
+        samples = calibration_prompts(Path(args.data_dir), n_mbpp=args.samples - half, n_math=half)
+        source = f"{args.samples - half} MBPP-train + {half} MATH-train from {args.data_dir}"
+    else:
+        from specfold.eval.tasks.synthetic import TASKS, load_split
+
+        per_task = [load_split(t, "calib") for t in TASKS]
+        samples = [s for group in zip(*per_task, strict=False) for s in group][: args.samples]
+        source = "synthetic suite, calib split (" + ", ".join(TASKS) + ")"
+    if len(samples) < args.samples:
+        raise UsageError(f"only {len(samples)} calibration prompts available, asked for {args.samples}")
+    cfg = decode_config_for(model, args.max_new_tokens, args.threshold, args.block_size, args.small_block_size)
+    prompts = [encode_prompt(model, s.prompt, chat=not args.no_chat) for s in samples]
+    bar = _progress_bar(len(prompts), "calibrate")
+    counts = record_counts(model, prompts, cfg, max_depth=args.count_depth, progress=lambda i: bar.update(1))
+    bar.close()
+    provenance = {
+        "samples": len(prompts),
+        "source": source,
+        "threshold": cfg.threshold,
+        "block_size": cfg.block_size,
+        "small_block_size": cfg.small_block_size,
+        "max_new_tokens": cfg.max_new_tokens,
+        "max_depth_counted": args.count_depth,
+    }
+    graph = graph_from_counts(counts, args.budget, args.depth, model=model.name, provenance=provenance)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    graph.to_json(out)
+    counts_path = out.with_name(out.stem + ".counts.json")
+    counts_path.write_text(json.dumps(counts_to_json(counts), indent=1) + "\n")
+    print(
+        json.dumps(
+            {
+                "graph": str(out),
+                "counts": str(counts_path),
+                "budget": graph.budget,
+                "depth_cap": graph.depth_cap,
+                "nodes": graph.strings()[1:],
+                "observations": sum(counts.values()),
+            }
+        )
+    )
     return 0
 
 
@@ -195,9 +388,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not (tok_dir / "tokenizer.json").is_file():
         train_tokenizer(tok_dir, vocab_size=args.vocab_size, seed=args.seed)
     cfg = TrainConfig(
-        out_dir=args.out, tokenizer_dir=str(tok_dir), steps=args.steps, max_minutes=args.max_minutes,
-        batch_size=args.batch_size, lr=args.lr, seed=args.seed, hidden_size=args.hidden_size,
-        num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
+        out_dir=args.out,
+        tokenizer_dir=str(tok_dir),
+        steps=args.steps,
+        max_minutes=args.max_minutes,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
         intermediate_size=args.intermediate_size,
     )
     bar = tqdm(total=args.steps, desc="train", unit="step", dynamic_ncols=True)
@@ -209,8 +410,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     result = train(cfg, progress)
     bar.close()
-    print(json.dumps({"steps": result.steps, "final_loss": result.final_loss, "seconds": round(result.seconds, 1),
-                      "parameters": result.parameters, "model": str(result.export_dir)}))
+    print(
+        json.dumps(
+            {
+                "steps": result.steps,
+                "final_loss": result.final_loss,
+                "seconds": round(result.seconds, 1),
+                "parameters": result.parameters,
+                "model": str(result.export_dir),
+            }
+        )
+    )
     return 0
 
 
@@ -229,10 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", help="text prompt (sent through the model's chat template)")
     p.add_argument("--prompt-ids", type=id_list, default=None, help="comma-separated token ids instead of text")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to a text prompt")
-    p.add_argument("--method", default="vanilla", choices=["vanilla"], help="decoding method")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
     add_decode_args(p)
+    add_method_args(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser(
@@ -245,10 +455,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default="build", help="where a fallback random checkpoint is written")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("train", help="train a small Fast-dLLM-v2-family DLLM on the synthetic suite (CPU)",
-                       description="Block-diffusion training from scratch: block-causal attention across blocks, "
-                       "masked-token loss inside blocks, complementary masking. Resumes from OUT/state.pt; logs "
-                       "OUT/loss.jsonl; exports OUT/model (config.json, model.safetensors, tokenizer).")
+    p = sub.add_parser(
+        "eval",
+        help="accuracy, NFE and tokens/s of methods side by side on tasks",
+        description="Decode task samples with each method (side by side, same sample), score them, "
+        "append one JSON record per (sample, method) to --out (a rerun resumes), and print the "
+        "Table-1 summary; with --json the last stdout line is the summary as JSON.",
+    )
+    p.add_argument(
+        "--tasks",
+        required=True,
+        type=lambda t: [x for x in t.split(",") if x],
+        help="comma-separated: synth-math, synth-code, synth-if, gsm8k, math500, math, humaneval, mbpp, ifeval",
+    )
+    p.add_argument("--split", default="test", help="split of the tasks (default test)")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")
+    p.add_argument("--data-dir", default=None, help="directory with the benchmarks' original files (DIR/gsm8k/...)")
+    p.add_argument("--out", default=None, help="JSONL file of per-sample records (appended; reruns resume)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line (last line of stdout)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
+    p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
+    add_model_args(p)
+    add_decode_args(p)
+    add_method_args(p, multi=True)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="calibrate a draft graph from vanilla trajectories",
+        description="Decode calibration prompts vanilla, count each real transition as a draft "
+        "formula, and select B nodes by degree-1 accumulation with parent closure. Writes the graph "
+        "and the counts (OUT stem + .counts.json), from which any B / depth cap can be re-selected.",
+    )
+    p.add_argument("--out", required=True, help="graph JSON to write")
+    p.add_argument("--samples", type=positive_int, default=50, help="calibration prompts (default 50)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="real models: read 25 MBPP-train + 25 MATH-train from DIR/mbpp and DIR/math; "
+        "default: the synthetic suite's calibration split (embedded model)",
+    )
+    p.add_argument("--count-depth", type=positive_int, default=8, help="longest formulas counted (default 8)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--budget", type=positive_int, default=7, help="draft budget B (default 7)")
+    p.add_argument("--depth", type=positive_int, default=None, help="cap on the graph depth")
+    add_model_args(p)
+    add_decode_args(p)
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser(
+        "train",
+        help="train a small Fast-dLLM-v2-family DLLM on the synthetic suite (CPU)",
+        description="Block-diffusion training from scratch: block-causal attention across blocks, "
+        "masked-token loss inside blocks, complementary masking. Resumes from OUT/state.pt; logs "
+        "OUT/loss.jsonl; exports OUT/model (config.json, model.safetensors, tokenizer).",
+    )
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: train one into OUT/tokenizer)")
     p.add_argument("--steps", type=positive_int, default=3000)

@@ -47,6 +47,7 @@ from specfold.decoding.draft_graph import (
     Formula,
     formula_parent,
     formula_to_str,
+    parse_formula,
     validate_formula,
 )
 from specfold.decoding.drafts import DraftContext, stops_reached
@@ -239,4 +240,34 @@ def calibrate(
     }
     info.update(provenance or {})
     info.setdefault("date", datetime.date.today().isoformat())
+    return DraftGraph.from_formulas(selected, model=model, depth_cap=depth_cap, provenance=info)
+
+
+def counts_to_json(counts: Mapping[Formula, int]) -> dict[str, int]:
+    """Formula counts keyed by canonical string (what ``specfold calibrate`` saves beside a graph)."""
+    return {
+        formula_to_str(q): int(c) for q, c in sorted(counts.items(), key=lambda kv: (-kv[1], formula_to_str(kv[0])))
+    }
+
+
+def counts_from_json(data: Mapping[str, int]) -> Counter[Formula]:
+    return Counter({parse_formula(text): int(c) for text, c in data.items()})
+
+
+def graph_from_counts(
+    counts: Mapping[Formula, int],
+    budget: int,
+    depth_cap: int | None = None,
+    model: str = "",
+    provenance: dict[str, Any] | None = None,
+) -> DraftGraph:
+    """Select a graph of ``budget`` nodes from saved counts (one calibration run serves every B and depth cap)."""
+    if depth_cap is not None:
+        counts = Counter({q: c for q, c in counts.items() if len(q) <= depth_cap})
+    selected = select_graph(counts, budget, depth_cap)
+    info: dict[str, Any] = {
+        "objective": objective(selected, counts),
+        "counts": {formula_to_str(q): counts.get(q, 0) for q in selected},
+    }
+    info.update(provenance or {})
     return DraftGraph.from_formulas(selected, model=model, depth_cap=depth_cap, provenance=info)

@@ -206,11 +206,34 @@ def progress_fraction(cfg: TrainConfig, step: int, seconds: float) -> float:
 BUCKET = 4  # steps whose sequences are drawn together and sorted by length, so a batch pads little
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def export_model(net: DLLM, cfg_dict: dict, tokenizer_dir: Path, export: Path) -> Path:
+    """Write the model in the Fast-dLLM-v2 checkpoint format, with its tokenizer files beside it."""
+    import shutil
+
+    save_checkpoint(net.eval(), export, cfg_dict)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, export / name)
+    return export
+
+
+def export_state(run_dir: Path, export: Path | None = None) -> Path:
+    """Export the latest ``state.pt`` of a (possibly running) training run."""
+    cfg = TrainConfig(**json.loads((run_dir / "train_config.json").read_text()))
+    state = torch.load(run_dir / "state.pt", weights_only=False)
+    vocab = state["model"]["embed"].shape[0]
+    cfg_dict = model_config_dict(cfg, vocab)
+    net = DLLM(ModelConfig.from_dict(cfg_dict))
+    net.load_state_dict(state["model"])
+    return export_model(net, cfg_dict, Path(cfg.tokenizer_dir), export or run_dir / "model")
+
+
 def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None) -> TrainResult:
     """Train (resuming from ``out_dir/state.pt`` if present), log losses to ``out_dir/loss.jsonl``, and export
     the final model in the Fast-dLLM-v2 format with its tokenizer to ``out_dir/model``."""
-    import shutil
-
     from transformers import AutoTokenizer
 
     out = Path(cfg.out_dir)
@@ -292,12 +315,7 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
              "rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
             state_path,
         )
-    export = out / "model"
-    save_checkpoint(net.eval(), export, cfg_dict)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        src = Path(cfg.tokenizer_dir) / name
-        if src.is_file():
-            shutil.copy(src, export / name)
+    export = export_model(net, cfg_dict, Path(cfg.tokenizer_dir), out / "model")
     if not losses:  # resumed a finished run: report the logged tail
         lines = (out / "loss.jsonl").read_text().splitlines()
         losses = [json.loads(line)["loss"] for line in lines[-50:]]

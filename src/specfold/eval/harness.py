@@ -1,0 +1,289 @@
+"""Evaluation harness: decode task samples with several methods side by side, score them, summarise.
+
+One record per (sample, method) is appended to a JSONL file as soon as it exists, so a killed run resumes where it
+stopped: a record whose key (task, method, method parameters, sample id) is already in the file is not redone.
+Methods run one after another on the same sample, so machine noise hits them alike (STYLE: compare side by side).
+
+Summary per task and method: accuracy, NFE per sample, generated tokens per forward, tokens/s (total generated
+tokens ÷ total decode seconds), accepted drafts per verification pass, fold ratio — and, relative to vanilla when
+it ran, the NFE and tokens/s ratios of the paper's Table 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from specfold.api import Method, decode_config_for, encode_prompt, prepare_method
+from specfold.config import DecodeConfig
+from specfold.decoding.decoder import decode
+from specfold.model.loading import LoadedModel
+
+SYNTHETIC_PREFIX = "synth-"
+
+
+class EvalSample(Protocol):
+    task: str
+    sample_id: str
+    prompt: str
+
+
+@dataclass
+class TaskSource:
+    samples: list[Any]
+    score: Callable[[Any, str], bool]
+
+
+def load_task(task: str, split: str = "test", limit: int | None = None, data_dir: Path | None = None) -> TaskSource:
+    """Samples and scorer of a synthetic task (``synth-*``) or a real benchmark (``gsm8k``, ``math500``, …)."""
+    if task.startswith(SYNTHETIC_PREFIX):
+        from specfold.eval.tasks.synthetic import load_split, score
+
+        return TaskSource(load_split(task, split, limit), score)
+    from specfold.eval.benchmarks import BENCHMARKS, load_benchmark, score_benchmark
+
+    if task not in BENCHMARKS:
+        from specfold.eval.tasks.synthetic import TASKS
+
+        raise ValueError(f"unknown task {task!r}; choose from {', '.join((*TASKS, *BENCHMARKS))}")
+    return TaskSource(load_benchmark(task, data_dir, split=split, limit=limit), score_benchmark)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method and its parameters as they appear in records (and in the resume key)."""
+
+    name: str
+    budget: int | None = None
+    depth: int | None = None
+    delta: float | None = None
+    graph: str | None = None
+    backend: str = "torch"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        if self.name == "vanilla":
+            return {}
+        out: dict[str, Any] = {"budget": self.budget, "depth": self.depth, "graph": self.graph}
+        if self.name == "specfold":
+            out.update(delta=self.delta, backend=self.backend)
+        return out
+
+    @property
+    def label(self) -> str:
+        """Method name plus the parameters that distinguish it, e.g. ``specfold[delta=0.1]``."""
+        shown = {k: v for k, v in self.params.items() if v is not None and k not in ("graph", "backend")}
+        if self.backend != "torch" and self.name == "specfold":
+            shown["backend"] = self.backend
+        return self.name + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
+
+    def prepare(self, model: LoadedModel, cfg: DecodeConfig) -> Method:
+        kwargs = (
+            {}
+            if self.name == "vanilla"
+            else {
+                "graph": self.graph,
+                "budget": self.budget,
+                "depth": self.depth,
+                "backend": self.backend,
+                "delta": self.delta if self.delta is not None else 0.1,
+            }
+        )
+        return prepare_method(model, self.name, cfg.small_block_size, **kwargs)
+
+
+def record_key(rec: dict[str, Any]) -> str:
+    return json.dumps([rec["task"], rec["method"], rec.get("params", {}), rec["sample_id"]], sort_keys=True)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Records of an earlier run; a torn last line (killed mid-write) is ignored."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+@dataclass
+class EvalPlan:
+    tasks: Sequence[str]
+    methods: Sequence[MethodSpec]
+    split: str = "test"
+    limit: int | None = None
+    data_dir: Path | None = None
+    max_new_tokens: int = 256
+    threshold: float = 0.9
+    block_size: int | None = None
+    small_block_size: int | None | str = "auto"
+    num_shards: int = 1
+    shard_id: int = 0
+    chat: bool = True
+
+
+@dataclass
+class Progress:
+    done: int
+    total: int
+    method: str
+    tokens_per_second: dict[str, float] = field(default_factory=dict)
+
+
+def run_eval(
+    model: LoadedModel,
+    plan: EvalPlan,
+    out: Path | None,
+    progress: Callable[[Progress], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate; append new records to ``out`` (resuming), and return all records of this plan (old and new)."""
+    if not 0 <= plan.shard_id < plan.num_shards:
+        raise ValueError(f"shard id {plan.shard_id} is outside 0..{plan.num_shards - 1}")
+    cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size)
+    prepared = {spec: spec.prepare(model, cfg) for spec in plan.methods}
+    sources = {task: load_task(task, plan.split, plan.limit, plan.data_dir) for task in plan.tasks}
+    existing = read_records(out) if out is not None else []
+    done = {record_key(r): r for r in existing}
+    work = [
+        (task, sample, spec)
+        for task in plan.tasks
+        for i, sample in enumerate(sources[task].samples)
+        if i % plan.num_shards == plan.shard_id
+        for spec in plan.methods
+    ]
+    _warm_up(model, cfg, prepared.values())
+    results: list[dict[str, Any]] = []
+    totals: dict[str, list[float]] = {}
+    handle = open(out, "a") if out is not None else None
+    try:
+        for n, (task, sample, spec) in enumerate(work):
+            key = record_key({"task": task, "method": spec.name, "params": spec.params, "sample_id": sample.sample_id})
+            if key in done:
+                results.append(done[key])
+            else:
+                rec = _run_one(model, cfg, prepared[spec], spec, task, sample, sources[task].score, plan.chat)
+                results.append(rec)
+                if handle is not None:
+                    handle.write(json.dumps(rec) + "\n")
+                    handle.flush()
+                tot = totals.setdefault(spec.label, [0.0, 0.0])
+                tot[0] += rec["generated_tokens"]
+                tot[1] += rec["seconds"]
+            if progress is not None:
+                tps = {k: (v[0] / v[1] if v[1] else 0.0) for k, v in totals.items()}
+                progress(Progress(n + 1, len(work), spec.label, tps))
+    finally:
+        if handle is not None:
+            handle.close()
+    return results
+
+
+def _warm_up(model: LoadedModel, cfg: DecodeConfig, methods: Iterable[Method]) -> None:
+    """One short decode per method so that first-call overheads stay out of the timings."""
+    ids = list(range(4, 12))
+    ids = [i for i in ids if i not in (model.mask_id, model.stop_id)] or [0]
+    short = DecodeConfig(
+        max_new_tokens=cfg.block_size,
+        threshold=cfg.threshold,
+        block_size=cfg.block_size,
+        small_block_size=cfg.small_block_size,
+    )
+    for m in methods:
+        decode(model, ids, short, verifier=m.verifier, drafter=m.drafter)
+
+
+def _run_one(model, cfg, method: Method, spec: MethodSpec, task, sample, score, chat) -> dict[str, Any]:
+    ids = encode_prompt(model, sample.prompt, chat)
+    result = decode(model, ids, cfg, verifier=method.verifier, drafter=method.drafter)
+    text = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    stats = result.engine_stats
+    rec: dict[str, Any] = {
+        "task": task,
+        "method": spec.name,
+        "label": spec.label,
+        "params": spec.params,
+        "sample_id": sample.sample_id,
+        "correct": bool(score(sample, text)),
+        "nfe": result.nfe,
+        "nfe_denoise": result.nfe_denoise,
+        "generated_tokens": result.generated_tokens,
+        "seconds": result.seconds,
+        "accepted_drafts": result.accepted_drafts,
+        "token_ids": result.token_ids,
+        "prompt_tokens": len(ids),
+        "text": text,
+    }
+    if stats.get("draft_triples"):
+        rec["fold_ratio"] = stats.get("folded_triples", 0.0) / stats["draft_triples"]
+        rec["draft_triples"] = stats["draft_triples"]
+        rec["folded_triples"] = stats.get("folded_triples", 0.0)
+        rec["guard_fallbacks"] = stats.get("guard_fallbacks", 0.0)
+    return rec
+
+
+def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{task: {method_label: {accuracy, nfe_per_sample, tokens_per_forward, tokens_per_second, …}}}``."""
+    groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in records:
+        groups.setdefault(r["task"], {}).setdefault(r.get("label", r["method"]), []).append(r)
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for task, by_method in groups.items():
+        summary[task] = {}
+        for label, recs in by_method.items():
+            n = len(recs)
+            tokens = sum(r["generated_tokens"] for r in recs)
+            seconds = sum(r["seconds"] for r in recs)
+            nfe = sum(r["nfe"] for r in recs)
+            passes = sum(r.get("nfe_denoise", r["nfe"]) for r in recs)
+            row: dict[str, Any] = {
+                "n": n,
+                "accuracy": sum(bool(r["correct"]) for r in recs) / n,
+                "nfe_per_sample": nfe / n,
+                "tokens_per_forward": tokens / nfe if nfe else 0.0,
+                "tokens_per_second": tokens / seconds if seconds else 0.0,
+                "generated_tokens_per_sample": tokens / n,
+            }
+            if recs[0]["method"] != "vanilla":
+                row["accepted_per_step"] = sum(r.get("accepted_drafts", 0) for r in recs) / passes if passes else 0.0
+            draft = sum(r.get("draft_triples", 0.0) for r in recs)
+            if draft:
+                row["fold_ratio"] = sum(r.get("folded_triples", 0.0) for r in recs) / draft
+                row["guard_fallbacks"] = sum(r.get("guard_fallbacks", 0.0) for r in recs)
+            summary[task][label] = row
+        base = summary[task].get("vanilla")
+        if base:
+            for row in summary[task].values():
+                nfe0 = base["nfe_per_sample"]
+                row["nfe_vs_vanilla"] = row["nfe_per_sample"] / nfe0 if nfe0 else None
+                row["tps_vs_vanilla"] = (
+                    row["tokens_per_second"] / base["tokens_per_second"] if base["tokens_per_second"] else None
+                )
+    return summary
+
+
+def format_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The paper's Table 1 as text: per task and method, accuracy, NFE and TPS (absolute and vs vanilla), fold."""
+    head = (
+        f"{'task':<12} {'method':<28} {'acc':>6} {'NFE':>7} {'NFE×':>6} {'tok/s':>8} {'TPS×':>6} "
+        f"{'tok/fwd':>7} {'acc/step':>8} {'fold':>5}"
+    )
+    lines = [head, "-" * len(head)]
+
+    def fmt(row: dict[str, Any], key: str, width: int) -> str:
+        v = row.get(key)
+        return f"{v:>{width}.2f}" if isinstance(v, (int, float)) else "-".rjust(width)
+
+    for task, rows in summary.items():
+        for label, r in rows.items():
+            lines.append(
+                f"{task:<12} {label:<28} {100 * r['accuracy']:>5.1f}% {r['nfe_per_sample']:>7.1f} "
+                f"{fmt(r, 'nfe_vs_vanilla', 6)} {r['tokens_per_second']:>8.1f} {fmt(r, 'tps_vs_vanilla', 6)} "
+                f"{r['tokens_per_forward']:>7.2f} {fmt(r, 'accepted_per_step', 8)} {fmt(r, 'fold_ratio', 5)}"
+            )
+    return "\n".join(lines)

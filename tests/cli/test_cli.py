@@ -1,0 +1,56 @@
+"""The command line: JSON output, and one-line errors with exit status 2 for bad input (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specfold.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json_fields(capsys, fd_ckpt):
+    code, out, _ = run(capsys, "generate", "--model", str(fd_ckpt), "--prompt-ids", "1,2,3", "--max-new-tokens", "40",
+                       "--json")
+    assert code == 0
+    rec = json.loads(out.strip().splitlines()[-1])
+    for key in ("text", "token_ids", "nfe", "generated_tokens", "seconds", "tokens_per_second"):
+        assert key in rec
+    assert rec["generated_tokens"] == len(rec["token_ids"]) == 40
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompt-ids", "1", "--threshold", "1.5"], "threshold must be in (0, 1]"),
+        (["--prompt-ids", "1", "--threshold", "0"], "threshold must be in (0, 1]"),
+        (["--prompt-ids", "1", "--max-new-tokens", "0"], "expected a positive integer"),
+        (["--prompt-ids", "1", "--block-size", "-4"], "expected a positive integer"),
+        (["--prompt-ids", "1", "--dtype", "fp16"], "invalid choice: 'fp16'"),
+        (["--prompt-ids", ""], "--prompt-ids is empty"),
+        (["--prompt-ids", "1", "--max-new-tokens", "100000"], "exceeds the model's position limit"),
+        ([""], "empty prompt"),
+        (["hello"], "has no tokenizer"),
+        (["--prompt-ids", "1", "--method", "spiffy"], "no draft graph"),
+        (["--prompt-ids", "1", "--budget", "3"], "--budget applies to --method spiffy or specfold"),
+    ],
+)
+def test_bad_input_one_line_error(capsys, fd_ckpt, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        code = main(["generate", "--model", str(fd_ckpt), *argv])
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_missing_checkpoint(capsys, tmp_path):
+    code, _, err = run(capsys, "generate", "--model", str(tmp_path / "x"), "--prompt-ids", "1")
+    assert code == 2 and err.startswith("specfold: error: no checkpoint directory")
