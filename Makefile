@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build (a bare `torch` would pull a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,plot,triton]'
+	$(PY) -m pip install -q -e '.[test,plot,triton,bench]'
 	touch $@
 
 demo: venv

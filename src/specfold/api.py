@@ -124,6 +124,7 @@ def prepare_method(
     depth: int | None = None,
     delta: float = 0.1,
     backend: str = "torch",
+    ffn: str = "residual",
 ) -> Method:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -139,7 +140,7 @@ def prepare_method(
         raise ValueError(f"delta must be >= 0, got {delta}")
     from specfold.engine.folded import FoldedVerifier
 
-    return Method("specfold", FoldedVerifier(model.net, delta=delta, backend=backend), drafter, g)
+    return Method("specfold", FoldedVerifier(model.net, delta=delta, backend=backend, ffn=ffn), drafter, g)
 
 
 def generate(
@@ -156,16 +157,18 @@ def generate(
     depth: int | None = None,
     delta: float = 0.1,
     backend: str = "torch",
+    ffn: str = "residual",
     chat: bool = True,
 ) -> GenerationResult:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result.
 
     ``method``: ``vanilla``; ``spiffy`` (drafts from a calibrated graph, dense verification); ``specfold`` (the
-    same drafts, folded verification with threshold ``delta``). All three produce the vanilla tokens at
-    ``delta = 0``; ``specfold`` with ``delta > 0`` trades exactness for speed.
+    same drafts, folded verification with threshold ``delta``; ``ffn`` ``residual`` or ``paper``). All three
+    produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``); ``delta > 0`` trades exactness for
+    speed.
     """
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size)
-    m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend)
+    m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn)
     ids = encode_prompt(model, prompt_or_ids, chat) if isinstance(prompt_or_ids, str) else prompt_or_ids
     result = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
     if model.tokenizer is not None:

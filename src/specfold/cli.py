@@ -122,6 +122,13 @@ def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
             help="specfold recompute threshold on the relative residual (default 0.1)",
         )
     g.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+    g.add_argument(
+        "--ffn-reuse",
+        choices=["residual", "paper"],
+        default="residual",
+        help="specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); "
+        "'paper' reuses it on the layer's folded set as the paper does (not exact at delta 0)",
+    )
 
 
 def non_negative_float(text: str) -> float:
@@ -159,6 +166,7 @@ def method_kwargs(args: argparse.Namespace, method: str | None = None) -> dict:
         "depth": args.depth,
         "delta": args.delta,
         "backend": args.backend,
+        "ffn": args.ffn_reuse,
     }
 
 
@@ -223,7 +231,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     specs = []
     for name in args.methods:
         if name == "specfold":
-            specs += [MethodSpec(name, args.budget, args.depth, d, args.graph, args.backend) for d in args.delta]
+            specs += [
+                MethodSpec(name, args.budget, args.depth, d, args.graph, args.backend, args.ffn_reuse)
+                for d in args.delta
+            ]
         elif name == "spiffy":
             specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph))
         else:
@@ -315,6 +326,39 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             }
         )
     )
+    return 0
+
+
+def cmd_bench_layer(args: argparse.Namespace) -> int:
+    from specfold.bench.layer import bench_layer
+    from specfold.model.loading import parse_dtype
+
+    rows = []
+    for shape in args.shape:
+        for f in args.fold_ratio:
+            res = bench_layer(
+                shape,
+                f,
+                branches=args.branches,
+                block=args.block,
+                prefix=args.prefix,
+                dtype=parse_dtype(args.dtype),
+                repeats=args.repeats,
+                backend=args.backend,
+                threads=args.threads,
+                device=args.device,
+            )
+            rows.append(res.as_dict())
+            if not args.json:
+                print(
+                    f"{shape:<18} f={f:<4} dense {res.dense_seconds * 1e3:8.2f} ms  folded "
+                    f"{res.folded_seconds * 1e3:8.2f} ms  ratio {res.ratio:.3f}  FLOP limit "
+                    f"{res.flop_limit_ratio:.3f}  ratio/limit {res.ratio / res.flop_limit_ratio:.3f}"
+                )
+    if args.json:
+        for row in rows[:-1]:
+            print(json.dumps(row))
+        print(json.dumps(rows[-1]))
     return 0
 
 
@@ -503,6 +547,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_decode_args(p)
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser(
+        "bench",
+        help="microbenchmarks (bench layer)",
+        description="Microbenchmarks; `specfold bench layer` times one dense vs one folded layer.",
+    )
+    bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH", parser_class=_Parser)
+    p = bench_sub.add_parser(
+        "layer",
+        help="one layer at real shapes: dense vs folded at a fold ratio",
+        description="One transformer layer with random weights at a real model's shape; "
+        "draft rows fold with probability f; dense and folded are timed side by side "
+        "(median of repeats) and compared with the FLOP-limit ratio from the shapes.",
+    )
+    p.add_argument(
+        "--shape",
+        type=lambda t: t.split(","),
+        default=["fast-dllm-v2-1.5b"],
+        help="fast-dllm-v2-1.5b, nld-3b, nld-8b (comma-separated)",
+    )
+    p.add_argument("--fold-ratio", type=float_list, default=[0.6], help="fold ratio(s) f, comma-separated")
+    p.add_argument("--branches", type=positive_int, default=7, help="draft branches B (default 7)")
+    p.add_argument("--block", type=positive_int, default=32)
+    p.add_argument("--prefix", type=positive_int, default=512)
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--repeats", type=positive_int, default=7)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (1 is steadiest)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", choices=["torch", "triton"], default="torch")
+    p.add_argument("--json", action="store_true", help="one JSON object per line (the last line is the last run)")
+    p.set_defaults(func=cmd_bench_layer)
 
     p = sub.add_parser(
         "train",

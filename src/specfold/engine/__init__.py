@@ -1,6 +1,11 @@
-"""Verification executors: one forward over ``B+1`` block states sharing a prefix cache, behind one interface."""
+"""Verification executors: one forward over ``B+1`` block states sharing a prefix cache, behind one interface.
+
+``DenseVerifier`` computes every row (the Spiffy baseline); ``FoldedVerifier`` folds draft rows into their
+ancestors where the relative residual is small (SpecFold).
+"""
 
 from specfold.engine.base import Verifier, VerifyResult
 from specfold.engine.dense import DenseVerifier
+from specfold.engine.folded import FoldedVerifier
 
-__all__ = ["DenseVerifier", "Verifier", "VerifyResult"]
+__all__ = ["DenseVerifier", "FoldedVerifier", "Verifier", "VerifyResult"]

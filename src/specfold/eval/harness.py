@@ -62,6 +62,7 @@ class MethodSpec:
     delta: float | None = None
     graph: str | None = None
     backend: str = "torch"
+    ffn: str = "residual"
 
     @property
     def params(self) -> dict[str, Any]:
@@ -69,15 +70,17 @@ class MethodSpec:
             return {}
         out: dict[str, Any] = {"budget": self.budget, "depth": self.depth, "graph": self.graph}
         if self.name == "specfold":
-            out.update(delta=self.delta, backend=self.backend)
+            out.update(delta=self.delta, backend=self.backend, ffn=self.ffn)
         return out
 
     @property
     def label(self) -> str:
         """Method name plus the parameters that distinguish it, e.g. ``specfold[delta=0.1]``."""
-        shown = {k: v for k, v in self.params.items() if v is not None and k not in ("graph", "backend")}
-        if self.backend != "torch" and self.name == "specfold":
+        shown = {k: v for k, v in self.params.items() if v is not None and k not in ("graph", "backend", "ffn")}
+        if self.name == "specfold" and self.backend != "torch":
             shown["backend"] = self.backend
+        if self.name == "specfold" and self.ffn != "residual":
+            shown["ffn"] = self.ffn
         return self.name + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
 
     def prepare(self, model: LoadedModel, cfg: DecodeConfig) -> Method:

@@ -1,0 +1,221 @@
+"""Layer benchmark: one transformer layer, dense verification vs the folded layer at an imposed fold ratio.
+
+Dims: ``B`` draft branches, ``K = B + 1`` branches, ``N`` block length, ``P`` prefix length, ``E`` hidden,
+``Hq``/``Hkv`` heads, ``D`` head dim, ``F`` FFN size, ``f`` fold ratio.
+
+Used by ``specfold bench layer``. One layer of a named shape gets random weights; every draft (branch, position)
+folds with probability ``f`` (the main branch never folds), drawn once before timing. *Dense* is one batched
+layer over all ``K`` branches (the same pieces as :meth:`DLLM.forward`); *folded* is
+:func:`~specfold.engine.folded.gate_and_compact` (ρ is computed and paid for, then the imposed mask replaces
+Eq. 5) followed by :func:`~specfold.engine.folded.folded_layer`. Both are timed side by side, interleaved, after a
+warm-up; the median and the spread (max − min) of the repeats are reported.
+
+FLOP limit (multiply-adds per row; ``R`` = recomputed rows = ``N + (1 − f̂)·B·N`` with ``f̂`` the realised fold
+ratio of the drawn mask)::
+
+    qkv = E·(Hq + 2·Hkv)·D     attn = 2·Hq·D·(P + N)     o = Hq·D·E     ffn = 3·E·F
+    dense  = K·N·(qkv + attn + o + ffn)
+    folded = R·(qkv + attn + ffn) + K·N·o + Σ_{corrected rows} 4·|Δ|·Hq·D
+    flop_limit_ratio = folded / dense
+
+The last term is Eq. 8's work: for each of ``|Δ|`` positions a score and a value row, for both the removed
+(source) and the added (branch) key. Gate, compaction, gathers and the o_proj rows the engine can skip (folded
+rows with ``Δ = ∅``) are not in the limit.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specfold.config import Family, ModelConfig, RopeConfig
+from specfold.engine.folded import BACKENDS, LayerContext, folded_layer, gate_and_compact
+from specfold.model.attention import attend
+from specfold.model.rope import Rotary
+from specfold.model.transformer import Layer
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    qkv_bias: bool
+
+
+SHAPES: dict[str, LayerShape] = {
+    "fast-dllm-v2-1.5b": LayerShape(1536, 12, 2, 128, 8960, True),
+    "nld-3b": LayerShape(3072, 32, 8, 128, 9216, False),
+    "nld-8b": LayerShape(4096, 32, 8, 128, 12288, False),
+}
+
+
+@dataclass
+class LayerBenchResult:
+    shape: str
+    fold_ratio: float  # requested f
+    realised_fold_ratio: float  # fraction of draft (branch, position) pairs folded in the drawn mask
+    branches: int
+    block: int
+    prefix: int
+    dtype: str
+    dense_seconds: float  # median
+    folded_seconds: float  # median
+    dense_spread: float  # max - min over repeats
+    folded_spread: float
+    ratio: float  # folded / dense
+    flop_limit_ratio: float
+    repeats: int
+    threads: int
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def default_parents(branches: int) -> list[int]:
+    """A binary draft tree (``par(i) = (i − 1) // 2``): siblings and chains, depth ⌈log2(B + 1)⌉."""
+    return [-1] + [(i - 1) // 2 for i in range(1, branches + 1)]
+
+
+def make_layer(shape: LayerShape, dtype: torch.dtype, device: str, seed: int) -> Layer:
+    cfg = ModelConfig(
+        family=Family.FAST_DLLM_V2 if shape.qkv_bias else Family.NLD, model_type="bench", vocab_size=16,
+        hidden_size=shape.hidden, intermediate_size=shape.ffn, num_layers=1, num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        qkv_bias=shape.qkv_bias, tie_word_embeddings=False, rope=RopeConfig(theta=1e6),
+    )
+    gen = torch.Generator().manual_seed(seed)
+    layer = Layer(cfg)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (p.shape[-1] ** -0.5 if p.ndim == 2 else 0.1) + (p.ndim == 1))
+    return layer.to(device=device, dtype=dtype).eval()
+
+
+def dense_layer(
+    layer: Layer,
+    h: torch.Tensor,  # [K*N, E]
+    ctx: LayerContext,
+    prefix_k: torch.Tensor,  # [Hkv, P, D]
+    prefix_v: torch.Tensor,  # [Hkv, P, D]
+    k: int,
+) -> torch.Tensor:
+    """The dense verifier's layer over all ``K`` branches (as in :meth:`DLLM.forward`). Returns ``[K*N, E]``."""
+    n = ctx.cos.shape[0]
+    q, kk, v = layer.qkv(h, ctx.cos.repeat(k, 1), ctx.sin.repeat(k, 1), None)
+    st = attend(q.view(k, n, layer.hq, layer.d), prefix_k, prefix_v, kk.view(k, n, layer.hkv, layer.d),
+                v.view(k, n, layer.hkv, layer.d), None, ctx.scale)
+    h = h + layer.attn_out(st.o.to(h.dtype).reshape(k * n, layer.hq, layer.d))
+    return h + layer.ffn(h)
+
+
+def flop_limit_ratio(
+    shape: LayerShape, k: int, n: int, prefix: int, recomputed: int, delta_sizes: torch.Tensor  # [C] |Δ| per row
+) -> float:
+    """The module docstring's formula."""
+    e, hq, hkv, d, f = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn
+    qkv, attn, o, ffn = e * (hq + 2 * hkv) * d, 2 * hq * d * (prefix + n), hq * d * e, 3 * e * f
+    dense = k * n * (qkv + attn + o + ffn)
+    folded = recomputed * (qkv + attn + ffn) + k * n * o + 4 * int(delta_sizes.sum()) * hq * d
+    return folded / dense
+
+
+def bench_layer(
+    shape: str,
+    fold_ratio: float,
+    branches: int = 7,
+    block: int = 32,
+    prefix: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 5,
+    backend: str = "torch",
+    warmup: int = 1,
+    seed: int = 0,
+    device: str = "cpu",
+    threads: int | None = None,
+) -> LayerBenchResult:
+    """Time one dense and one folded layer step side by side (see the module docstring). ``threads`` sets torch's
+    CPU threads for the run (restored after); on a CPU shared with other jobs, 1 thread gives stable timings."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _bench_layer(shape, fold_ratio, branches, block, prefix, dtype, repeats, backend, warmup, seed, device)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@torch.inference_mode()
+def _bench_layer(
+    shape: str,
+    fold_ratio: float,
+    branches: int,
+    block: int,
+    prefix: int,
+    dtype: torch.dtype,
+    repeats: int,
+    backend: str,
+    warmup: int,
+    seed: int,
+    device: str,
+) -> LayerBenchResult:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown layer shape {shape!r}; available: {', '.join(SHAPES)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown folded backend {backend!r}; available: {', '.join(BACKENDS)}")
+    if not 0.0 <= fold_ratio <= 1.0:
+        raise ValueError(f"fold ratio must be in [0, 1], got {fold_ratio}")
+    sh = SHAPES[shape]
+    k, n = branches + 1, block
+    layer = make_layer(sh, dtype, device, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    parents = torch.tensor(default_parents(branches), device=device)
+    # Drafts' inputs are their parent's plus a small perturbation (the imposed mask decides folding anyway).
+    h = torch.randn(k, n, sh.hidden, generator=gen)
+    for i in range(1, k):
+        h[i] = h[parents[i]] + 0.05 * torch.randn(n, sh.hidden, generator=gen)
+    h = h.to(device=device, dtype=dtype).reshape(k * n, sh.hidden)
+    fold = (torch.rand(k, n, generator=gen) < fold_ratio).to(device)
+    fold[0] = False
+    pk = torch.randn(sh.kv_heads, prefix, sh.head_dim, generator=gen).to(device=device, dtype=dtype)
+    pv = torch.randn(sh.kv_heads, prefix, sh.head_dim, generator=gen).to(device=device, dtype=dtype)
+    cos, sin, _ = Rotary(RopeConfig(theta=1e6), sh.head_dim).tables(torch.arange(prefix, prefix + n), dtype)
+    ctx = LayerContext(cos=cos.to(device), sin=sin.to(device), qscale=None, scale=sh.head_dim**-0.5)
+
+    def run_dense() -> torch.Tensor:
+        return dense_layer(layer, h, ctx, pk, pv, k)
+
+    def run_folded() -> torch.Tensor:
+        plan = gate_and_compact(h.view(k, n, -1), parents, 0.0, fold=fold)
+        return folded_layer(layer, h, plan, ctx, pk, pv, ffn="paper")[0]  # the imposed mask governs the FFN too
+
+    def timed(fn) -> float:
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        run_dense(), run_folded()
+    dense_t, folded_t = [], []
+    for _ in range(repeats):  # interleaved so that background load hits both alike
+        dense_t.append(timed(run_dense))
+        folded_t.append(timed(run_folded))
+
+    plan = gate_and_compact(h.view(k, n, -1), parents, 0.0, fold=fold)
+    limit = flop_limit_ratio(sh, k, n, prefix, plan.rows.numel(), plan.delta.sum(dim=1))
+    d_med, f_med = statistics.median(dense_t), statistics.median(folded_t)
+    return LayerBenchResult(
+        shape=shape, fold_ratio=fold_ratio, realised_fold_ratio=float(fold[1:].float().mean()), branches=branches,
+        block=block, prefix=prefix, dtype=str(dtype).removeprefix("torch."), dense_seconds=d_med,
+        folded_seconds=f_med, dense_spread=max(dense_t) - min(dense_t), folded_spread=max(folded_t) - min(folded_t),
+        ratio=f_med / d_med, flop_limit_ratio=limit, repeats=repeats, threads=torch.get_num_threads(),
+    )

@@ -1,0 +1,77 @@
+"""The fold gate (SPEC §4, Eq. 4/5) and fold-chain source resolution.
+
+Dims: ``K`` branches (row 0 = main, ``parents[k] < k`` for ``k >= 1``), ``N`` block positions, ``E`` hidden size.
+
+Eq. 4 and Eq. 5 live here and nowhere else:
+
+    ρ[i,n] = ‖H[i,n] − H[par(i),n]‖₂ / ‖H[par(i),n]‖₂          (Eq. 4)
+    folded  ⇔  ρ[i,n] ≤ δ,  the main branch never folds          (Eq. 5)
+
+A folded position inherits its parent's table entry, which may itself be inherited: :func:`resolve_sources`
+walks those chains to the nearest ancestor (self included) where the position is recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def relative_residual(
+    h: torch.Tensor,  # [K, N, E] layer input of every branch
+    parents: torch.Tensor,  # [K] long, parents[0] = -1
+) -> torch.Tensor:
+    """Eq. 4. Returns ρ ``[K, N]`` in fp64; row 0 (main) is ``+inf`` (always recompute).
+
+    A zero-norm parent row gives ρ = 0 when the child row is exactly equal to it and ``+inf`` otherwise, so such
+    a row folds only on an exact match (the ratio is undefined there)."""
+    par = parents.clamp(min=0).to(h.device)
+    hp = h[par]  # [K, N, E]
+    # The difference and norms are taken in fp64 (exact for bf16/fp16/fp32 inputs) so that distinct rows never
+    # give ρ = 0 by rounding or by squares underflowing: at δ = 0 only bit-identical rows fold.
+    # NOTE: this is a [K, N, E] elementwise pass, negligible next to the layer's GEMMs.
+    num = torch.linalg.vector_norm(h.double() - hp.double(), dim=-1)
+    den = torch.linalg.vector_norm(hp, dim=-1, dtype=torch.float64)
+    rho = num / den  # 0/0 -> nan, x/0 -> inf
+    rho = torch.where(den == 0, torch.where(num == 0, 0.0, math.inf), rho)
+    rho[0] = math.inf
+    return rho
+
+
+def fold_mask(rho: torch.Tensor, delta: float) -> torch.Tensor:
+    """Eq. 5. rho: ``[K, N]``. Returns folded ``[K, N]`` bool (ρ ≤ δ); the main row never folds."""
+    folded = rho <= delta
+    folded[0] = False
+    return folded
+
+
+def depth_steps(branches: int) -> int:
+    """Pointer-jumping rounds that resolve any chain in a graph of ``branches`` nodes (depth ≤ branches − 1)."""
+    return max(0, math.ceil(math.log2(branches))) if branches > 1 else 0
+
+
+def resolve_sources(
+    recompute: torch.Tensor,  # [K, N] bool, row 0 all True
+    parents: torch.Tensor,  # [K] long, parents[0] = -1
+) -> torch.Tensor:
+    """Nearest ancestor (self included) in which each position is recomputed. Returns src ``[K, N]`` long.
+
+    One hop is ``next[i,n] = i`` if recomputed else ``par(i)``; pointer jumping (``ptr ← ptr[ptr]``) doubles the
+    walked distance per round, so ``⌈log2 K⌉`` rounds reach the root of every chain — a loop over graph depth,
+    never over rows. Requires ``recompute[0]`` all True (the main branch is every chain's end)."""
+    k, n = recompute.shape
+    rows = torch.arange(k, device=recompute.device)[:, None].expand(k, n)
+    par = parents.to(recompute.device).clamp(min=0)[:, None].expand(k, n)
+    ptr = torch.where(recompute, rows, par)
+    for _ in range(depth_steps(k)):
+        ptr = ptr.gather(0, ptr)
+    return ptr
+
+
+def branch_depths(parents: list[int]) -> list[int]:
+    """Graph depth of each branch (distance to row 0 via parents); host-side, for statistics only."""
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    return depth

@@ -1,0 +1,167 @@
+"""FoldedVerifier end to end: identity with dense verification at δ = 0, the SPEC §4 semantics at δ > 0 against an
+independent per-branch loop, exact inheritance of table entries, and statistics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specfold.engine.dense import DenseVerifier
+from specfold.engine.folded import FoldedVerifier
+from specfold.model.attention import attend
+from specfold.model.loading import load_checkpoint
+
+PARENTS = torch.tensor([-1, 0, 1, 2, 3, 0, 5, 1])  # a chain of depth 4 plus side branches
+N, PROMPT = 32, 13
+
+
+def _setup(ckpt, dtype: torch.dtype, seed: int = 0):
+    _, cfg, net = load_checkpoint(ckpt, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    cache = net.new_cache(64)
+    net(torch.randint(0, 299, (PROMPT,), generator=gen)[None], cache, mask="causal", write_cache=True)
+    mask_id = cfg.mask_token_id
+    states = torch.full((len(PARENTS), N), mask_id, dtype=torch.long)
+    states[0, :10] = torch.randint(0, 299, (10,), generator=gen)
+    for i in range(1, len(PARENTS)):  # each draft = parent + two more (or re-guessed) positions
+        states[i] = states[PARENTS[i]]
+        pos = torch.randint(8, N, (2,), generator=gen)
+        states[i, pos] = torch.randint(0, 299, (2,), generator=gen)
+    states[6] = states[5]  # a draft identical to its parent: every layer folds with Δ = ∅
+    return net, cache, states
+
+
+def _reference(net, cache, states, parents, delta: float, ffn: str):
+    """SPEC §4 branch by branch in topological order, attention of *every* row computed directly over its branch's
+    own (partly inherited) block K/V — no Eq. 8, no packing. The FFN is reused on the layer's folded set
+    (``paper``) or gated on its own input H' (``residual``). Returns logits and recompute masks."""
+    k, n = states.shape
+    cos, sin, qs = net.rope_tables(cache.length, n)
+    h = F.embedding(states, net.embed)  # [K, N, E]
+    masks = []
+    for layer_idx, layer in enumerate(net.layers):
+        rec = torch.ones(k, n, dtype=torch.bool)
+        for i in range(1, k):
+            p = int(parents[i])
+            rho = (h[i].double() - h[p].double()).norm(dim=-1) / h[p].double().norm(dim=-1)
+            rec[i] = ~(rho <= delta)
+        qs_, ks_, vs_ = [], [], []
+        for i in range(k):
+            q, kk, v = layer.qkv(h[i], cos, sin, qs)
+            if i:
+                p, m = int(parents[i]), rec[i][:, None, None]
+                q, kk, v = torch.where(m, q, qs_[p]), torch.where(m, kk, ks_[p]), torch.where(m, v, vs_[p])
+            qs_.append(q), ks_.append(kk), vs_.append(v)
+        pk, pv = cache.layer(layer_idx)
+        o = attend(torch.stack(qs_), pk, pv, torch.stack(ks_), torch.stack(vs_), None, net.scale).o
+        h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, *o.shape[2:])).view(k, n, -1)
+        fs = []
+        for i in range(k):
+            f = layer.ffn(h1[i])
+            if i:
+                p = int(parents[i])
+                frec = rec[i]
+                if ffn == "residual":
+                    frec = ~((h1[i].double() - h1[p].double()).norm(dim=-1) / h1[p].double().norm(dim=-1) <= delta)
+                f = torch.where(frec[:, None], f, fs[p])
+            fs.append(f)
+        h = h1 + torch.stack(fs)
+        masks.append(rec)
+    return net.position_logits(net.logits(h)), masks
+
+
+def _fold_ratio(stats: dict[str, float]) -> float:
+    return stats["folded_triples"] / stats["draft_triples"]
+
+
+@pytest.mark.parametrize("family", ["fd", "nld"])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-9), (torch.float32, 1e-4)])
+def test_delta_zero_equals_dense(family, dtype, tol, fd_ckpt, nld_ckpt) -> None:
+    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, dtype)
+    dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
+    res = FoldedVerifier(net, 0.0).verify(cache, states, PARENTS)  # default ffn="residual"
+    assert _fold_ratio(res.stats) > 0.2 and res.stats["corrected_rows"] > 0  # Eq. 8 really ran
+    err = (res.logits - dense).abs().max().item()
+    assert err <= tol, err
+
+
+def test_guard_fallback_is_exact(fd_ckpt) -> None:
+    net, cache, states = _setup(fd_ckpt, torch.float64)
+    dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
+    res = FoldedVerifier(net, 0.0, guard=1e-9).verify(cache, states, PARENTS)
+    assert res.stats["guard_fallbacks"] > 0
+    assert (res.logits - dense).abs().max().item() <= 1e-9
+
+
+def test_paper_ffn_reuse_is_not_exact_at_delta_zero(fd_ckpt) -> None:
+    # why "residual" is the default: SPEC §4 step 6 reuses F on rows whose post-attention input changed
+    net, cache, states = _setup(fd_ckpt, torch.float64)
+    dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
+    res = FoldedVerifier(net, 0.0, ffn="paper").verify(cache, states, PARENTS)
+    assert (res.logits - dense).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["fd", "nld"])
+@pytest.mark.parametrize("delta", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("ffn", ["residual", "paper"])
+def test_matches_spec_semantics(family, delta, ffn, fd_ckpt, nld_ckpt) -> None:
+    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=1)
+    ref_logits, ref_masks = _reference(net, cache, states, PARENTS, delta, ffn)
+    res, tr = FoldedVerifier(net, delta, ffn=ffn).run(cache, states, PARENTS, trace=True)
+    for layer, want in zip(tr.layers, ref_masks, strict=True):
+        assert torch.equal(layer.recompute, want)
+    assert (res.logits - ref_logits).abs().max().item() <= 1e-9
+    if delta > 0:
+        assert _fold_ratio(res.stats) > 0.3
+
+
+@pytest.mark.parametrize("delta", [0.1, 0.3])
+def test_gate_and_inherited_entries(delta, nld_ckpt) -> None:
+    net, cache, states = _setup(nld_ckpt, torch.float64, seed=2)
+    _, tr = FoldedVerifier(net, delta).run(cache, states, PARENTS, trace=True)
+    for lt in tr.layers:
+        h = lt.h
+        par = PARENTS.clamp(min=0)
+        rho = (h - h[par]).norm(dim=-1) / h[par].norm(dim=-1)
+        want = rho > delta
+        want[0] = True
+        assert torch.equal(lt.recompute, want)
+        for i in range(1, len(PARENTS)):
+            p = int(PARENTS[i])
+            for n in (~lt.recompute[i]).nonzero().squeeze(1).tolist():
+                a = int(lt.src[i, n])
+                assert lt.recompute[a, n] and a != i
+                for table in (lt.q, lt.k, lt.v):  # the parent's entry, which is the source's
+                    assert torch.equal(table[i, n], table[p, n]) and torch.equal(table[i, n], table[a, n])
+        # the FFN's own gate (default ffn="residual") on its input H' against the parent's
+        h1 = lt.h1
+        rho1 = (h1 - h1[par]).norm(dim=-1) / h1[par].norm(dim=-1)
+        want1 = rho1 > delta
+        want1[0] = True
+        assert torch.equal(lt.ffn_recompute, want1)
+        for i in range(1, len(PARENTS)):
+            for n in (~lt.ffn_recompute[i]).nonzero().squeeze(1).tolist():
+                assert torch.equal(lt.f[i, n], lt.f[int(PARENTS[i]), n])
+
+
+def test_statistics(fd_ckpt) -> None:
+    net, cache, states = _setup(fd_ckpt, torch.float64)
+    res = FoldedVerifier(net, 0.2).verify(cache, states, PARENTS)
+    s = res.stats
+    layers = net.cfg.num_layers
+    k = len(PARENTS)
+    assert 0.0 <= _fold_ratio(s) <= 1.0
+    assert s["draft_triples"] == (k - 1) * N * layers
+    assert s["folded_triples"] == sum(s[f"folded_l{i}"] for i in range(layers))
+    assert s["folded_triples"] == sum(s[f"folded_d{d}"] for d in range(1, 5))
+    assert s["draft_triples"] == sum(s[f"draft_d{d}"] for d in range(1, 5))
+    for i in range(layers):
+        assert s[f"recomputed_rows_l{i}"] == k * N - s[f"folded_l{i}"]
+    assert 0 <= s["guard_fallbacks"] <= s["corrected_rows"] <= s["folded_triples"]
+
+
+def test_rejects_unknown_backend(fd_ckpt) -> None:
+    _, _, net = load_checkpoint(fd_ckpt, dtype=torch.float64)
+    with pytest.raises(ValueError, match="backend"):
+        FoldedVerifier(net, 0.1, backend="cuda-graph")
