@@ -201,7 +201,12 @@ def load_tokenizer(ckpt: Path) -> Any | None:
     if not any((ckpt / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         return None
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    # AutoTokenizer warns about model_types it does not know (Fast_dLLM_Qwen, nemotron_labs_diffusion); the
+    # tokenizer itself is fine, so keep that warning out of our output.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         return AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
     except Exception:  # noqa: BLE001 - custom model_types confuse AutoTokenizer; fall back to the fast file
@@ -214,6 +219,8 @@ def load_tokenizer(ckpt: Path) -> Any | None:
         extra = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         kwargs = {k: extra[k] for k in ("eos_token", "pad_token", "chat_template") if isinstance(extra.get(k), str)}
         return PreTrainedTokenizerFast(tokenizer_file=str(tok_file), **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def special_ids(

@@ -96,14 +96,17 @@ def random_model(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> DLLM:
     return model.eval()
 
 
-def save_checkpoint(model: DLLM, out_dir: Path | str, config: dict[str, Any]) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` under the family's HF names."""
+def save_checkpoint(
+    model: DLLM, out_dir: Path | str, config: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (in ``dtype``) under the family's HF names."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config = {**config, "torch_dtype": {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = {k: v.to(torch.float32).contiguous() for k, v in state_dict_to_hf(model).items()}
+    tensors = {k: v.to(dtype).contiguous() for k, v in state_dict_to_hf(model).items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

@@ -210,10 +210,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def export_model(net: DLLM, cfg_dict: dict, tokenizer_dir: Path, export: Path) -> Path:
-    """Write the model in the Fast-dLLM-v2 checkpoint format, with its tokenizer files beside it."""
+    """Write the model in the Fast-dLLM-v2 checkpoint format (bf16 weights: it trained under bf16 autocast, and
+    the shipped file must stay under 30 MB), with its tokenizer files beside it."""
     import shutil
 
-    save_checkpoint(net.eval(), export, cfg_dict)
+    save_checkpoint(net.eval(), export, cfg_dict, dtype=torch.bfloat16)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copy(tokenizer_dir / name, export / name)
