@@ -36,7 +36,7 @@ __all__ = [
 METHODS = ("vanilla", "spiffy", "specfold")
 DEFAULT_BUDGET = 7
 GRAPH_FILE = "draft_graph.json"  # a calibrated graph shipped beside a checkpoint (B = 7)
-COUNTS_FILE = "draft_counts.json"  # the calibration counts behind it: any B / depth cap can be selected from them
+COUNTS_FILE = "draft_graph.counts.json"  # its counts, as `specfold calibrate` writes them: any B / depth cap
 
 
 def encode_prompt(model: LoadedModel, prompt: str, chat: bool = True) -> list[int]:
