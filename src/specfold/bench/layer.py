@@ -7,7 +7,9 @@ Used by ``specfold bench layer``. One layer of a named shape gets random weights
 folds with probability ``f`` (the main branch never folds), drawn once before timing. *Dense* is one batched
 layer over all ``K`` branches (the same pieces as :meth:`DLLM.forward`); *folded* is
 :func:`~specfold.engine.folded.gate_and_compact` (ρ is computed and paid for, then the imposed mask replaces
-Eq. 5) followed by :func:`~specfold.engine.folded.folded_layer`. Both are timed side by side, interleaved, after a
+Eq. 5) followed by :func:`~specfold.engine.folded.folded_layer` (``backend="torch"``), or the same two steps on the
+Triton kernels (``backend="triton"``, :mod:`specfold.engine.triton_backend`); dense is always torch (cuBLAS/SDPA-
+style batched GEMMs). Both are timed side by side, interleaved, after a
 warm-up; the median and the spread (max − min) of the repeats are reported.
 
 FLOP limit (multiply-adds per row; ``R`` = recomputed rows = ``N + (1 − f̂)·B·N`` with ``f̂`` the realised fold
@@ -190,16 +192,23 @@ def _bench_layer(
     def run_dense() -> torch.Tensor:
         return dense_layer(layer, h, ctx, pk, pv, k)
 
+    plan_fn, layer_fn = gate_and_compact, folded_layer
+    if backend == "triton":  # imported only here: the torch paths never need Triton
+        from specfold.engine.triton_backend import folded_layer_triton as layer_fn
+        from specfold.engine.triton_backend import plan_layer as plan_fn
+
     def run_folded() -> torch.Tensor:
-        plan = gate_and_compact(h.view(k, n, -1), parents, 0.0, fold=fold)
-        return folded_layer(layer, h, plan, ctx, pk, pv, ffn="paper")[0]  # the imposed mask governs the FFN too
+        plan = plan_fn(h.view(k, n, -1), parents, 0.0, fold=fold)
+        return layer_fn(layer, h, plan, ctx, pk, pv, ffn="paper")[0]  # the imposed mask governs the FFN too
+
+    cuda = torch.device(device).type == "cuda"
 
     def timed(fn) -> float:
-        if device != "cpu":
+        if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
-        if device != "cpu":
+        if cuda:  # kernels are asynchronous: the clock stops when the device is done
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 

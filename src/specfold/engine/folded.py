@@ -47,7 +47,7 @@ from specfold.engine.gate import branch_depths, fold_mask, relative_residual, re
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM, Layer
 
-BACKENDS = ("torch",)
+BACKENDS = ("torch", "triton")  # "triton": specfold.engine.triton_backend, imported only when chosen
 FFN_MODES = ("residual", "paper")
 
 
@@ -241,7 +241,8 @@ class FoldedVerifier:
 
     ``delta`` is the recompute threshold δ of Eq. 5; ``guard`` the cancellation-guard fraction of
     :mod:`specfold.engine.correction`; ``ffn`` ``"residual"`` (default, exact at δ = 0) or ``"paper"`` (SPEC §4
-    step 6 literally; see the module docstring)."""
+    step 6 literally; see the module docstring). ``backend="triton"`` runs each layer on the Triton kernels
+    (:mod:`specfold.engine.triton_backend`, imported only then; fp32/bf16/fp16 models)."""
 
     def __init__(
         self, net: DLLM, delta: float, backend: str = "torch", guard: float = DEFAULT_GUARD, ffn: str = "residual"
@@ -252,6 +253,13 @@ class FoldedVerifier:
             raise ValueError(f"unknown ffn mode {ffn!r}; available: {', '.join(FFN_MODES)}")
         if not 0.0 < guard <= 1.0:
             raise ValueError(f"guard must be in (0, 1], got {guard}")
+        if backend == "triton":
+            if net.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise ValueError(f"the triton backend runs fp32/bf16/fp16 models, got {net.dtype}")
+            try:
+                import specfold.engine.triton_backend  # noqa: F401  (lazy: torch paths never import triton)
+            except ImportError as err:
+                raise ImportError("backend='triton' needs Triton: pip install 'specfold[triton]'") from err
         self.net, self.delta, self.backend, self.guard, self.ffn = net, float(delta), backend, guard, ffn
 
     @torch.no_grad()
@@ -283,10 +291,14 @@ class FoldedVerifier:
         h = torch.nn.functional.embedding(states.reshape(-1).to(net.device), net.embed)  # [K*N, E]
         counts: list[LayerCounts] = []
         out = FoldTrace() if trace else None
+        plan_fn, layer_fn = gate_and_compact, folded_layer
+        if self.backend == "triton":
+            from specfold.engine.triton_backend import folded_layer_triton as layer_fn
+            from specfold.engine.triton_backend import plan_layer as plan_fn
         for i, layer in enumerate(net.layers):
-            plan = gate_and_compact(h.view(k, n, -1), par, self.delta)
+            plan = plan_fn(h.view(k, n, -1), par, self.delta)
             pk, pv = cache.layer(i)
-            h, c, info = folded_layer(layer, h, plan, ctx, pk, pv, self.guard, self.ffn, trace, par, self.delta)
+            h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.guard, self.ffn, trace, par, self.delta)
             counts.append(c)
             if out is not None:
                 out.layers.append(info)

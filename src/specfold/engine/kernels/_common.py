@@ -1,0 +1,78 @@
+"""Helpers shared by the kernel launchers: argument checks, block-size choice, and the dot product policy.
+
+Dot policy (``NATIVE_DOT``): on a GPU, bf16/fp16 tiles go to ``tl.dot`` as they are (fp32 accumulation, as
+cuBLAS/FlashAttention do); fp32 tiles use ``input_precision="ieee"`` (no TF32, so fp32 models stay fp32-exact).
+In the interpreter low-precision arithmetic is unreliable, so every tile is widened to fp32 before the dot —
+bf16 × bf16 products are exact in fp32, so this is the same math as the GPU's fp32-accumulating MMA.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def native_dot(dtype: torch.dtype) -> bool:
+    """Whether tiles of ``dtype`` go to ``tl.dot`` unwidened (GPU, bf16/fp16)."""
+    return not interpreting() and dtype in (torch.bfloat16, torch.float16)
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_tensor(name: str, t: torch.Tensor, ndim: int, dtypes: tuple[torch.dtype, ...] | None = None) -> None:
+    check(isinstance(t, torch.Tensor), f"{name} must be a tensor")
+    check(t.dim() == ndim, f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if dtypes is not None:
+        check(t.dtype in dtypes, f"{name} must be one of {[str(d) for d in dtypes]}, got {t.dtype}")
+
+
+def check_inner_contiguous(name: str, t: torch.Tensor) -> None:
+    check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+
+
+def check_device(*tensors: torch.Tensor | None) -> None:
+    devices = {t.device for t in tensors if t is not None}
+    check(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    dev = next(iter(devices))
+    if dev.type != "cuda":
+        check(interpreting(), f"tensors on {dev} need TRITON_INTERPRET=1 (set before importing the kernels)")
+
+
+def pow2(x: int, lo: int = 1) -> int:
+    return max(lo, triton.next_power_of_2(int(x)))
+
+
+@triton.jit
+def dot(a, b, NATIVE: tl.constexpr):
+    """``a @ b`` with fp32 accumulation (see the module docstring for the policy)."""
+    if NATIVE:
+        return tl.dot(a, b)
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
+
+def fix_rounding(dtype: torch.dtype) -> bool:
+    """Whether casts to ``dtype`` need :func:`cast`'s explicit rounding: the interpreter truncates fp32 → bf16."""
+    return interpreting() and dtype == torch.bfloat16
+
+
+@triton.jit
+def cast(x, dtype: tl.constexpr, FIX: tl.constexpr):
+    """``x.to(dtype)`` rounding to nearest even. With ``FIX`` (interpreter, bf16 target) the fp32 value is rounded
+    to bf16's 8-bit mantissa by hand first, so that the interpreter's truncating cast is exact."""
+    if FIX:
+        b = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(dtype)
