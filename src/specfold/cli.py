@@ -268,6 +268,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bar.close()
     summary = summarize(records)
     print(format_table(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.evalplus_out:
+        from specfold.eval.evalplus import write_evalplus
+
+        samples = _evalplus_samples(args.tasks, args.split, plan.data_dir)
+        written = write_evalplus(records, Path(args.evalplus_out), samples)
+        print("evalplus samples: " + ", ".join(f"{k} -> {v}" for k, v in written.items()), file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -383,6 +389,141 @@ def cmd_init_random(args: argparse.Namespace) -> int:
         f"stop id {args.vocab_size - 2}); its output is noise"
     )
     return 0
+
+
+def _grid(text: str) -> list[float]:
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.eval.sweep import format_sweep, run_sweep, sweep_summary
+
+    if args.kind == "budget" and args.budget is not None:
+        raise UsageError("a budget sweep varies B itself; use --grid to choose the values")
+    if args.kind == "delta" and args.delta is not None:
+        raise UsageError("a delta sweep varies delta itself; use --grid to choose the values")
+    model = _load(args)
+    out = Path(args.out or f"sweep_{args.kind}.jsonl")
+    bar = None
+
+    def progress(p) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = _progress_bar(p.total, f"sweep {args.kind}")
+        bar.set_postfix_str(p.method, refresh=False)
+        bar.update(p.done - bar.n)
+
+    records = run_sweep(
+        model, args.kind, args.tasks, args.grid, out, progress,
+        budget=args.budget, delta=args.delta, backend=args.backend, ffn=args.ffn_reuse,
+        split=args.split, limit=args.limit, data_dir=Path(args.data_dir) if args.data_dir else None,
+        max_new_tokens=args.max_new_tokens, threshold=args.threshold, block_size=args.block_size,
+        small_block_size=args.small_block_size, num_shards=args.num_shards, shard_id=args.shard_id,
+        chat=not args.no_chat,
+    )
+    if bar is not None:
+        bar.close()
+    summary = sweep_summary(records, args.kind)
+    summary["records"] = str(out)
+    print(format_sweep(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.eval.harness import read_records
+    from specfold.eval.plots import plot_sweep
+
+    records = []
+    for path in args.records:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no records file {path}")
+        records += read_records(Path(path))
+    out = plot_sweep(records, args.kind, Path(args.out), args.title)
+    print(json.dumps({"figure": str(out), "kind": args.kind, "records": len(records)}))
+    return 0
+
+
+def cmd_analyze_residuals(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.api import decode_config_for, encode_prompt
+    from specfold.eval.residuals import plot_residual_map, residual_map
+
+    if args.prompt is not None and args.prompt_ids is not None:
+        raise UsageError("give at most one of --prompt or --prompt-ids")
+    model = _load(args)
+    if args.prompt_ids is not None:
+        ids = args.prompt_ids
+    else:
+        ids = encode_prompt(model, args.prompt or DEFAULT_RESIDUAL_PROMPT, chat=not args.no_chat)
+    cfg = decode_config_for(model, args.block_size or model.config.block_size, args.threshold, args.block_size,
+                            args.small_block_size)
+    rmap = residual_map(model, ids, cfg, step=args.step, min_masks=args.min_masks)
+    out = plot_residual_map(rmap, Path(args.out))
+    if args.json:
+        print(json.dumps({"figure": str(out), **rmap.to_dict()}))
+    else:
+        print(f"wrote {out}: rho over {len(rmap.rho)} layers x {len(rmap.labels)} positions, new token "
+              f"{rmap.new_token} at position {rmap.new_position} (parent after {rmap.step} rule steps)")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.eval.merge import merge_records, write_records
+
+    report = merge_records([Path(p) for p in args.records])
+    out = write_records(report.records, Path(args.out))
+    info = report.to_dict(out)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        n_in = sum(report.inputs.values())
+        print(f"merged {n_in} records from {len(report.inputs)} files into {len(report.records)} "
+              f"({report.duplicates} duplicates, {len(report.conflicts)} conflicts) -> {out}")
+        for c in report.conflicts:
+            print(f"conflict: {c['task']} {c['label']} {c['sample_id']} differs in {', '.join(c['fields'])} "
+                  f"between {c['files'][0]} and {c['files'][1]}", file=sys.stderr)
+    return 1 if report.conflicts else 0
+
+
+def _evalplus_samples(tasks, split: str, data_dir) -> dict:
+    """Sample id -> sample of the HumanEval records (their prompt makes a self-contained solution)."""
+    from specfold.eval.harness import load_task
+
+    if "humaneval" not in tasks:
+        return {}
+    return {s.sample_id: s for s in load_task("humaneval", split, None, data_dir).samples}
+
+
+def cmd_export_evalplus(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.eval.evalplus import write_evalplus
+    from specfold.eval.harness import read_records
+
+    if not Path(args.records).is_file():
+        raise FileNotFoundError(f"no records file {args.records}")
+    records = read_records(Path(args.records))
+    samples = None
+    if args.data_dir:
+        samples = _evalplus_samples({r["task"] for r in records}, args.split, Path(args.data_dir))
+    written = write_evalplus(records, Path(args.out), samples, args.label)
+    print(json.dumps({"files": {k: str(v) for k, v in written.items()}}))
+    return 0
+
+
+DEFAULT_RESIDUAL_PROMPT = "What is 3 + 4?"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -520,10 +661,118 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
     p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
+    p.add_argument(
+        "--evalplus-out",
+        default=None,
+        help="also write EvalPlus samples of the code tasks (one file per method when several ran)",
+    )
     add_model_args(p)
     add_decode_args(p)
     add_method_args(p, multi=True)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "sweep",
+        help="sweep delta, draft budget B or depth cap D (paper Fig. 4/5/8)",
+        description="Run vanilla, spiffy and specfold over a grid (delta: SpecFold at every delta, B = 7; budget: "
+        "spiffy and specfold at every B, each with its own graph from the calibration counts beside the model; "
+        "depth: every depth cap of the B = 7 graph). Records go to --out (one file per sweep; a rerun resumes); "
+        "with --json the last stdout line is the summary per task and grid point.",
+    )
+    p.add_argument("kind", choices=["delta", "budget", "depth"], help="the swept parameter")
+    p.add_argument(
+        "--tasks",
+        required=True,
+        type=lambda t: [x for x in t.split(",") if x],
+        help="comma-separated tasks (as for eval)",
+    )
+    p.add_argument(
+        "--grid",
+        type=_grid,
+        default=None,
+        help="comma-separated values (default: delta 0.01,0.02,0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7; budget 2..8; "
+        "depth 1..4)",
+    )
+    p.add_argument("--budget", type=positive_int, default=None, help="B of the delta and depth sweeps (default 7)")
+    p.add_argument("--delta", type=non_negative_float, default=None, help="delta of budget/depth sweeps (0.1)")
+    p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+    p.add_argument("--ffn-reuse", choices=["residual", "paper"], default="residual", help="specfold FFN reuse")
+    p.add_argument("--split", default="test", help="split of the tasks (default test)")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")
+    p.add_argument("--data-dir", default=None, help="directory with the benchmarks' original files")
+    p.add_argument("--out", default=None, help="JSONL records (default sweep_KIND.jsonl; a rerun resumes)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line (last line of stdout)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
+    p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
+    add_model_args(p)
+    add_decode_args(p)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "plot",
+        help="figure of a sweep's records (paper Fig. 4/5/8)",
+        description="delta: accuracy vs tokens/s per task across delta, vanilla and spiffy as reference points; "
+        "budget / depth: tokens/s gain over vanilla vs B / depth cap for spiffy and specfold. One subplot per task.",
+    )
+    p.add_argument("kind", choices=["delta", "budget", "depth"], help="which sweep the records hold")
+    p.add_argument("--records", required=True, nargs="+", help="sweep JSONL file(s)")
+    p.add_argument("--out", required=True, help="figure file; the format follows the suffix (.png, .svg, .pdf)")
+    p.add_argument("--title", default=None, help="figure title (default: the paper figure's)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser(
+        "analyze",
+        help="analyses (analyze residuals)",
+        description="Analyses; `specfold analyze residuals` draws the relative residual of a draft (paper Fig. 6).",
+    )
+    analyze_sub = p.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS", parser_class=_Parser)
+    p = analyze_sub.add_parser(
+        "residuals",
+        help="heatmap of the relative residual rho over layers x positions (paper Fig. 6)",
+        description="Decode a prompt vanilla to a block state with masks left, make a child that differs by the "
+        "rule's most confident new token, run one folded pass at delta 0 on [parent, child] and draw rho (Eq. 4) "
+        "of the child at every layer input and block position (log colour scale; positions marked committed / "
+        "masked / newly unmasked).",
+    )
+    p.add_argument("--prompt", default=None, help=f"text prompt (default {DEFAULT_RESIDUAL_PROMPT!r})")
+    p.add_argument("--prompt-ids", type=id_list, default=None, help="comma-separated token ids instead of text")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--out", required=True, help="figure file (.png, .svg, .pdf)")
+    p.add_argument("--step", type=int, default=None, help="rule steps before the parent (default: about half masked)")
+    p.add_argument("--min-masks", type=positive_int, default=4, help="masks the parent must keep (default 4)")
+    p.add_argument("--json", action="store_true", help="print rho, labels and the states as one JSON object")
+    add_model_args(p)
+    g = p.add_argument_group("decoding")
+    g.add_argument("--threshold", type=threshold_type, default=0.9, help="unmasking threshold (0.9)")
+    g.add_argument("--block-size", type=positive_int, default=None, help="block length (default: the model's)")
+    g.add_argument("--small-block-size", type=small_block_type, default="auto", help="N, 'none' or 'auto'")
+    p.set_defaults(func=cmd_analyze_residuals)
+
+    p = sub.add_parser(
+        "merge",
+        help="merge shard / rerun record files",
+        description="Union of JSONL records by key (task, method, params, sample): each exactly once. Repeats with "
+        "the same outcome are duplicates; repeats with different tokens/text/score/NFE are conflicts (reported, "
+        "first kept, exit status 1).",
+    )
+    p.add_argument("records", nargs="+", help="JSONL record files")
+    p.add_argument("--out", required=True, help="merged JSONL file (replaced)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser(
+        "export-evalplus",
+        help="EvalPlus sample files from eval records of code tasks",
+        description="Write {task_id, solution|completion} JSONL for EvalPlus from the humaneval, mbpp and "
+        "synth-code records (one file per method label when several).",
+    )
+    p.add_argument("--records", required=True, help="eval JSONL records")
+    p.add_argument("--out", required=True, help="EvalPlus samples JSONL")
+    p.add_argument("--label", default=None, help="only this method label, e.g. 'specfold[delta=0.1]'")
+    p.add_argument("--data-dir", default=None, help="benchmark files: HumanEval prompts make full solutions")
+    p.add_argument("--split", default="test", help="split of the records (default test)")
+    p.set_defaults(func=cmd_export_evalplus)
 
     p = sub.add_parser(
         "calibrate",

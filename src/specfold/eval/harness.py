@@ -115,6 +115,24 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def repair_tail(path: Path) -> None:
+    """Cut a torn last line (a run killed mid-write) so that appended records start on a line of their own;
+    without this the first new record would be glued to the fragment and lost on the next read."""
+    if not path.is_file():
+        return
+    with open(path, "rb+") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        data = f.read()
+        f.truncate(data.rfind(b"\n") + 1)
+
+
 @dataclass
 class EvalPlan:
     tasks: Sequence[str]
@@ -151,6 +169,9 @@ def run_eval(
     cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size)
     prepared = {spec: spec.prepare(model, cfg) for spec in plan.methods}
     sources = {task: load_task(task, plan.split, plan.limit, plan.data_dir) for task in plan.tasks}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        repair_tail(out)
     existing = read_records(out) if out is not None else []
     done = {record_key(r): r for r in existing}
     work = [

@@ -1,0 +1,217 @@
+"""Parameter sweeps of SPEC §6 (the paper's Fig. 4, 5 and 8), built on :func:`~specfold.eval.harness.run_eval`.
+
+A sweep is one :class:`~specfold.eval.harness.EvalPlan` whose methods are the grid points plus reference points,
+so it shares the harness's resumable JSONL records (one file per sweep), sharding and side-by-side timing:
+
+* ``delta``  — specfold at every δ of the grid (budget B fixed, default 7); vanilla and spiffy (same B) as
+  reference points (Fig. 4: accuracy vs tokens/s).
+* ``budget`` — spiffy and specfold (δ fixed, default 0.1) at every B, each B with its own graph selected from
+  the calibration counts shipped beside the model (:func:`~specfold.api.resolve_graph`); vanilla as reference
+  (Fig. 5: tokens/s gain vs B).
+* ``depth``  — spiffy and specfold at every depth cap D of the B = 7 graph; vanilla as reference (Fig. 8).
+
+    >>> records = run_sweep(model, "delta", ["synth-math"], out=Path("sweeps/delta.jsonl"), limit=20)
+    >>> summary = sweep_summary(records, "delta")   # {"kind", "grid", "tasks": {task: {vanilla, spiffy, specfold}}}
+
+Beside ``out`` a ``<out>.meta.json`` records the decoding settings of the run; resuming with other settings (which
+would mix incomparable records in one file) is refused. The grid itself may grow between runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from specfold.eval.harness import EvalPlan, MethodSpec, Progress, run_eval, summarize
+from specfold.model.loading import LoadedModel
+
+SWEEP_KINDS: tuple[str, ...] = ("delta", "budget", "depth")
+DEFAULT_GRIDS: dict[str, tuple[float | int, ...]] = {
+    "delta": (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+    "budget": (2, 3, 4, 5, 6, 7, 8),
+    "depth": (1, 2, 3, 4),
+}
+SWEEP_BUDGET = 7  # B of the delta and depth sweeps (the paper's)
+SWEEP_DELTA = 0.1  # δ of the budget and depth sweeps
+# What a grid point reports (SPEC §6); any missing one (e.g. fold ratio of spiffy) is left out.
+POINT_METRICS: tuple[str, ...] = (
+    "n",
+    "accuracy",
+    "tokens_per_second",
+    "tps_vs_vanilla",
+    "nfe_per_sample",
+    "nfe_vs_vanilla",
+    "tokens_per_forward",
+    "accepted_per_step",
+    "fold_ratio",
+)
+_META_KEYS = ("kind", "model", "dtype", "split", "max_new_tokens", "threshold", "block_size", "small_block_size",
+              "chat")
+
+
+def check_grid(kind: str, grid: Iterable[float | int]) -> list[float | int]:
+    """The grid as a sorted, duplicate-free list of valid values (δ ≥ 0; B and D positive integers)."""
+    if kind not in SWEEP_KINDS:
+        raise ValueError(f"unknown sweep {kind!r}; choose one of {', '.join(SWEEP_KINDS)}")
+    values = list(grid)
+    if not values:
+        raise ValueError(f"empty {kind} grid")
+    if kind == "delta":
+        if any(float(v) < 0 for v in values):
+            raise ValueError(f"delta grid values must be >= 0, got {values}")
+        return sorted({float(v) for v in values})
+    if any(float(v) != int(v) or int(v) < 1 for v in values):
+        raise ValueError(f"{kind} grid values must be positive integers, got {values}")
+    return sorted({int(v) for v in values})
+
+
+def sweep_methods(
+    kind: str,
+    grid: Iterable[float | int] | None = None,
+    budget: int | None = None,
+    delta: float | None = None,
+    backend: str = "torch",
+    ffn: str = "residual",
+) -> list[MethodSpec]:
+    """The methods of a sweep: vanilla, the spiffy reference point(s), then specfold at every grid point.
+
+    ``budget`` is B of the delta/depth sweeps (default 7), ``delta`` the δ of the budget/depth sweeps (0.1); a value
+    that the sweep itself varies is rejected."""
+    values = check_grid(kind, DEFAULT_GRIDS[kind] if grid is None else grid)
+    if kind == "budget" and budget is not None:
+        raise ValueError("a budget sweep varies B itself; do not also fix --budget")
+    if kind == "delta" and delta is not None:
+        raise ValueError("a delta sweep varies δ itself; do not also fix --delta")
+    b = SWEEP_BUDGET if budget is None else budget
+    d = SWEEP_DELTA if delta is None else delta
+    specs = [MethodSpec("vanilla")]
+    if kind == "delta":
+        specs.append(MethodSpec("spiffy", budget=b))
+        specs += [MethodSpec("specfold", budget=b, delta=float(v), backend=backend, ffn=ffn) for v in values]
+    elif kind == "budget":
+        for v in values:
+            specs += [
+                MethodSpec("spiffy", budget=int(v)),
+                MethodSpec("specfold", budget=int(v), delta=d, backend=backend, ffn=ffn),
+            ]
+    else:
+        for v in values:
+            specs += [
+                MethodSpec("spiffy", budget=b, depth=int(v)),
+                MethodSpec("specfold", budget=b, depth=int(v), delta=d, backend=backend, ffn=ffn),
+            ]
+    return specs
+
+
+def _meta(model: LoadedModel, kind: str, plan: EvalPlan) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "model": str(model.path),
+        "dtype": str(model.net.dtype),
+        "split": plan.split,
+        "max_new_tokens": plan.max_new_tokens,
+        "threshold": plan.threshold,
+        "block_size": plan.block_size,
+        "small_block_size": plan.small_block_size,
+        "chat": plan.chat,
+    }
+
+
+def meta_path(out: Path) -> Path:
+    return out.with_name(out.name + ".meta.json")
+
+
+def _check_meta(out: Path, meta: dict[str, Any]) -> None:
+    """Refuse to resume a sweep file written with other decoding settings; write the settings on a first run."""
+    path = meta_path(out)
+    if path.is_file():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), meta[k]) for k in _META_KEYS if old.get(k) != meta[k]}
+        if diff:
+            shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"{out} holds a sweep run with other settings ({shown}); pass another --out")
+    else:
+        path.write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def run_sweep(
+    model: LoadedModel,
+    kind: str,
+    tasks: Sequence[str],
+    grid: Iterable[float | int] | None = None,
+    out: Path | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    *,
+    budget: int | None = None,
+    delta: float | None = None,
+    backend: str = "torch",
+    ffn: str = "residual",
+    **plan_options: Any,
+) -> list[dict[str, Any]]:
+    """Run (or resume) one sweep and return all its records (old and new).
+
+    ``plan_options`` are the other :class:`EvalPlan` fields (``limit``, ``split``, ``max_new_tokens``, ``threshold``,
+    ``block_size``, ``small_block_size``, ``num_shards``, ``shard_id``, ``chat``, ``data_dir``)."""
+    specs = sweep_methods(kind, grid, budget, delta, backend, ffn)
+    plan = EvalPlan(tasks=list(tasks), methods=specs, **plan_options)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _check_meta(out, _meta(model, kind, plan))
+    return run_eval(model, plan, out, progress)
+
+
+def _point(label: str, rec: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    params = {k: v for k, v in rec.get("params", {}).items() if k in ("budget", "depth", "delta") and v is not None}
+    return {"label": label, **params, **{k: row[k] for k in POINT_METRICS if row.get(k) is not None}}
+
+
+def sweep_summary(records: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """Per task: ``vanilla`` (its metrics or None), and ``spiffy`` / ``specfold`` lists of points sorted by the swept
+    parameter; a point carries its ``budget``/``depth``/``delta``, accuracy, tokens/s, gain vs vanilla tokens/s
+    (``tps_vs_vanilla``), NFE per sample, fold ratio, …  Works on any records, e.g. a merged file."""
+    if kind not in SWEEP_KINDS:
+        raise ValueError(f"unknown sweep {kind!r}; choose one of {', '.join(SWEEP_KINDS)}")
+    records = list(records)
+    first: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        first.setdefault((r["task"], r.get("label", r["method"])), r)
+    table = summarize(records)
+    tasks: dict[str, Any] = {}
+    grid: set[float | int] = set()
+    for task, rows in table.items():
+        entry: dict[str, Any] = {"vanilla": None, "spiffy": [], "specfold": []}
+        for label, row in rows.items():
+            rec = first[(task, label)]
+            point = _point(label, rec, row)
+            if rec["method"] == "vanilla":
+                entry["vanilla"] = point
+                continue
+            entry[rec["method"]].append(point)
+            if rec["method"] == "specfold" and point.get(kind) is not None:
+                grid.add(point[kind])
+        for method in ("spiffy", "specfold"):
+            entry[method].sort(key=lambda p: (p.get(kind) is None, p.get(kind) or 0, p["label"]))
+        tasks[task] = entry
+    return {"kind": kind, "grid": sorted(grid), "tasks": tasks}
+
+
+def format_sweep(summary: dict[str, Any]) -> str:
+    """The sweep summary as a text table: per task and point, accuracy, tokens/s, gain, NFE, fold ratio."""
+    kind = summary["kind"]
+    head = f"{'task':<12} {'method':<36} {'acc':>6} {'tok/s':>8} {'TPS×':>6} {'NFE':>7} {'fold':>5}"
+    lines = [f"sweep over {kind}", head, "-" * len(head)]
+
+    def num(p: dict[str, Any], key: str, width: int, scale: float = 1.0) -> str:
+        v = p.get(key)
+        return f"{scale * v:>{width}.2f}" if isinstance(v, (int, float)) else "-".rjust(width)
+
+    for task, entry in summary["tasks"].items():
+        points = ([entry["vanilla"]] if entry["vanilla"] else []) + entry["spiffy"] + entry["specfold"]
+        for p in points:
+            lines.append(
+                f"{task:<12} {p['label']:<36} {num(p, 'accuracy', 5, 100)}% {num(p, 'tokens_per_second', 8)} "
+                f"{num(p, 'tps_vs_vanilla', 6)} {num(p, 'nfe_per_sample', 7)} {num(p, 'fold_ratio', 5)}"
+            )
+    return "\n".join(lines)
