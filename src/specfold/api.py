@@ -125,6 +125,7 @@ def prepare_method(
     delta: float = 0.1,
     backend: str = "torch",
     ffn: str = "residual",
+    attention: str = "correct",
 ) -> Method:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -140,7 +141,8 @@ def prepare_method(
         raise ValueError(f"delta must be >= 0, got {delta}")
     from specfold.engine.folded import FoldedVerifier
 
-    return Method("specfold", FoldedVerifier(model.net, delta=delta, backend=backend, ffn=ffn), drafter, g)
+    verifier = FoldedVerifier(model.net, delta=delta, backend=backend, ffn=ffn, attention=attention)
+    return Method("specfold", verifier, drafter, g)
 
 
 def generate(
@@ -158,6 +160,7 @@ def generate(
     delta: float = 0.1,
     backend: str = "torch",
     ffn: str = "residual",
+    attention: str = "correct",
     chat: bool = True,
 ) -> GenerationResult:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result.
@@ -168,7 +171,7 @@ def generate(
     speed.
     """
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size)
-    m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn)
+    m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn, attention)
     ids = encode_prompt(model, prompt_or_ids, chat) if isinstance(prompt_or_ids, str) else prompt_or_ids
     result = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
     if model.tokenizer is not None:

@@ -129,6 +129,13 @@ def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
         help="specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); "
         "'paper' reuses it on the layer's folded set as the paper does (not exact at delta 0)",
     )
+    g.add_argument(
+        "--attention",
+        choices=["correct", "direct"],
+        default="correct",
+        help="specfold folded-row attention: 'correct' = Eq. 8 from the source's softmax state (default); "
+        "'direct' = every row over its branch's own K/V in one batched call (same result; cheaper for small models)",
+    )
 
 
 def non_negative_float(text: str) -> float:
@@ -167,6 +174,7 @@ def method_kwargs(args: argparse.Namespace, method: str | None = None) -> dict:
         "delta": args.delta,
         "backend": args.backend,
         "ffn": args.ffn_reuse,
+        "attention": args.attention,
     }
 
 
@@ -232,7 +240,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name in args.methods:
         if name == "specfold":
             specs += [
-                MethodSpec(name, args.budget, args.depth, d, args.graph, args.backend, args.ffn_reuse)
+                MethodSpec(name, args.budget, args.depth, d, args.graph, args.backend, args.ffn_reuse, args.attention)
                 for d in args.delta
             ]
         elif name == "spiffy":
@@ -419,11 +427,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         bar.update(p.done - bar.n)
 
     records = run_sweep(
-        model, args.kind, args.tasks, args.grid, out, progress,
-        budget=args.budget, delta=args.delta, backend=args.backend, ffn=args.ffn_reuse,
-        split=args.split, limit=args.limit, data_dir=Path(args.data_dir) if args.data_dir else None,
-        max_new_tokens=args.max_new_tokens, threshold=args.threshold, block_size=args.block_size,
-        small_block_size=args.small_block_size, num_shards=args.num_shards, shard_id=args.shard_id,
+        model,
+        args.kind,
+        args.tasks,
+        args.grid,
+        out,
+        progress,
+        budget=args.budget,
+        delta=args.delta,
+        backend=args.backend,
+        ffn=args.ffn_reuse,
+        attention=args.attention,
+        split=args.split,
+        limit=args.limit,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        max_new_tokens=args.max_new_tokens,
+        threshold=args.threshold,
+        block_size=args.block_size,
+        small_block_size=args.small_block_size,
+        num_shards=args.num_shards,
+        shard_id=args.shard_id,
         chat=not args.no_chat,
     )
     if bar is not None:
@@ -465,15 +488,18 @@ def cmd_analyze_residuals(args: argparse.Namespace) -> int:
         ids = args.prompt_ids
     else:
         ids = encode_prompt(model, args.prompt or DEFAULT_RESIDUAL_PROMPT, chat=not args.no_chat)
-    cfg = decode_config_for(model, args.block_size or model.config.block_size, args.threshold, args.block_size,
-                            args.small_block_size)
+    cfg = decode_config_for(
+        model, args.block_size or model.config.block_size, args.threshold, args.block_size, args.small_block_size
+    )
     rmap = residual_map(model, ids, cfg, step=args.step, min_masks=args.min_masks)
     out = plot_residual_map(rmap, Path(args.out))
     if args.json:
         print(json.dumps({"figure": str(out), **rmap.to_dict()}))
     else:
-        print(f"wrote {out}: rho over {len(rmap.rho)} layers x {len(rmap.labels)} positions, new token "
-              f"{rmap.new_token} at position {rmap.new_position} (parent after {rmap.step} rule steps)")
+        print(
+            f"wrote {out}: rho over {len(rmap.rho)} layers x {len(rmap.labels)} positions, new token "
+            f"{rmap.new_token} at position {rmap.new_position} (parent after {rmap.step} rule steps)"
+        )
     return 0
 
 
@@ -489,11 +515,16 @@ def cmd_merge(args: argparse.Namespace) -> int:
         print(json.dumps(info))
     else:
         n_in = sum(report.inputs.values())
-        print(f"merged {n_in} records from {len(report.inputs)} files into {len(report.records)} "
-              f"({report.duplicates} duplicates, {len(report.conflicts)} conflicts) -> {out}")
+        print(
+            f"merged {n_in} records from {len(report.inputs)} files into {len(report.records)} "
+            f"({report.duplicates} duplicates, {len(report.conflicts)} conflicts) -> {out}"
+        )
         for c in report.conflicts:
-            print(f"conflict: {c['task']} {c['label']} {c['sample_id']} differs in {', '.join(c['fields'])} "
-                  f"between {c['files'][0]} and {c['files'][1]}", file=sys.stderr)
+            print(
+                f"conflict: {c['task']} {c['label']} {c['sample_id']} differs in {', '.join(c['fields'])} "
+                f"between {c['files'][0]} and {c['files'][1]}",
+                file=sys.stderr,
+            )
     return 1 if report.conflicts else 0
 
 
@@ -535,29 +566,38 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: decode with the embedded model; before one ships, a random-weight checkpoint (labelled)."""
-    from pathlib import Path
+    """The main job: the embedded model answers held-out problems of each synthetic domain with vanilla, spiffy and
+    specfold decoding side by side; prints one example per domain and the accuracy / NFE / tokens-per-second table."""
+    from specfold.api import load_model
+    from specfold.eval.harness import EvalPlan, MethodSpec, format_table, run_eval, summarize
+    from specfold.eval.tasks.synthetic import TASKS
 
-    from specfold.api import generate, load_model
-    from specfold.model.embedded import EMBEDDED_DIR
-    from specfold.model.random_checkpoint import write_random_checkpoint
+    model = load_model(None, dtype=args.dtype)
+    print(f"specfold demo: the embedded model ({model.path}), {args.limit} held-out problems per domain, {args.dtype}")
+    plan = EvalPlan(
+        tasks=TASKS,
+        methods=[MethodSpec("vanilla"), MethodSpec("spiffy"), MethodSpec("specfold", delta=args.delta)],
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+    )
+    bar = None
 
-    if (EMBEDDED_DIR / "config.json").is_file():
-        model = load_model(None, dtype=args.dtype)
-        label = "embedded model"
-    else:
-        ckpt = write_random_checkpoint(
-            Path(args.workdir) / "random-fast-dllm-v2", "fast_dllm_v2", mask_token_id=300, eos_token_id=299
-        )
-        model = load_model(ckpt, dtype=args.dtype)
-        label = f"RANDOM-WEIGHT checkpoint at {ckpt} (no embedded model shipped yet; the tokens are noise)"
-    print(f"specfold demo: {label}")
-    for prompt in ([1, 2, 3, 4, 5], list(range(7, 7 + 40))):
-        result = generate(model, prompt, max_new_tokens=args.max_new_tokens)
-        print(
-            f"prompt {len(prompt)} ids -> {result.generated_tokens} tokens, NFE {result.nfe}, "
-            f"{result.tokens_per_forward:.2f} tokens/forward, {result.tokens_per_second:.1f} tokens/s"
-        )
+    def progress(p) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = _progress_bar(p.total, "demo")
+        bar.update(p.done - bar.n)
+
+    records = run_eval(model, plan, None, progress)
+    if bar is not None:
+        bar.close()
+    shown: set[str] = set()
+    for rec in records:
+        if rec["method"] == "vanilla" and rec["task"] not in shown:
+            shown.add(rec["task"])
+            print(f"\n[{rec['task']}] {'correct' if rec['correct'] else 'WRONG'}, NFE {rec['nfe']}\n{rec['text']}")
+    print()
+    print(format_table(summarize(records)))
     return 0
 
 
@@ -632,12 +672,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="the main job on the embedded model",
-        description="Decode a few prompts with the embedded model and report NFE and tokens/s.",
+        help="the main job: the embedded model on held-out problems, vanilla vs spiffy vs specfold",
+        description="Answer a few held-out problems of each synthetic domain (math, code, instruction following) with "
+        "the embedded model, decoding vanilla, spiffy and specfold side by side; print accuracy, NFE and tokens/s.",
     )
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    p.add_argument("--limit", type=positive_int, default=5, help="problems per domain (default 5)")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--workdir", default="build", help="where a fallback random checkpoint is written")
+    p.add_argument("--delta", type=non_negative_float, default=0.1, help="specfold threshold (default 0.1)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
@@ -697,6 +739,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=non_negative_float, default=None, help="delta of budget/depth sweeps (0.1)")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
     p.add_argument("--ffn-reuse", choices=["residual", "paper"], default="residual", help="specfold FFN reuse")
+    p.add_argument(
+        "--attention",
+        choices=["correct", "direct"],
+        default="correct",
+        help="specfold folded-row attention: Eq. 8 correction or direct (same result)",
+    )
     p.add_argument("--split", default="test", help="split of the tasks (default test)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")
     p.add_argument("--data-dir", default=None, help="directory with the benchmarks' original files")

@@ -15,7 +15,7 @@ def test_relative_residual_matches_definition() -> None:
     h = torch.randn(8, 5, 7, dtype=torch.float64)
     h[3] = h[2] + 1e-3 * torch.randn(5, 7, dtype=torch.float64)
     rho = relative_residual(h, PARENTS)
-    assert rho.shape == (8, 5) and rho.dtype == torch.float64
+    assert rho.shape == (8, 5) and rho.dtype == torch.float64  # fp64 model -> fp64 gate
     assert torch.isinf(rho[0]).all()
     for i in range(1, 8):
         p = int(PARENTS[i])

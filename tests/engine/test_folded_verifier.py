@@ -165,3 +165,17 @@ def test_rejects_unknown_backend(fd_ckpt) -> None:
     _, _, net = load_checkpoint(fd_ckpt, dtype=torch.float64)
     with pytest.raises(ValueError, match="backend"):
         FoldedVerifier(net, 0.1, backend="cuda-graph")
+
+
+@pytest.mark.parametrize("family", ["fd", "nld"])
+@pytest.mark.parametrize("delta", [0.0, 0.1])
+def test_direct_attention_mode_matches_the_correction(family, delta, fd_ckpt, nld_ckpt) -> None:
+    # attention="direct" computes every row's attention over its branch's own K/V: the quantity Eq. 8 corrects to
+    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=3)
+    corrected = FoldedVerifier(net, delta).verify(cache, states, PARENTS)
+    direct = FoldedVerifier(net, delta, attention="direct").verify(cache, states, PARENTS)
+    assert direct.stats["folded_triples"] == corrected.stats["folded_triples"] > 0
+    assert (direct.logits - corrected.logits).abs().max().item() <= 1e-9
+    if delta == 0.0:
+        dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
+        assert (direct.logits - dense).abs().max().item() <= 1e-9

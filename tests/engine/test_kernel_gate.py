@@ -37,7 +37,8 @@ def _check_gate(got, want, k: int, n: int) -> None:
     assert torch.equal(got.hop.cpu(), want.hop.cpu())
     fin = torch.isfinite(want.rho)
     assert torch.equal(torch.isfinite(got.rho), fin)
-    torch.testing.assert_close(got.rho[fin], want.rho[fin], rtol=1e-12, atol=0)
+    # the kernel accumulates ρ in fp64, the torch gate in fp32 (fp64 for fp64 models): compare at fp32 precision
+    torch.testing.assert_close(got.rho[fin].to(want.rho.dtype), want.rho[fin], rtol=1e-5, atol=0)
     r = int(want.count.item())
     assert int(got.count.item()) == r
     assert torch.equal(got.branch_counts.cpu(), want.branch_counts.cpu())

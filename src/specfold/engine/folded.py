@@ -44,11 +44,13 @@ from specfold.engine.attention_rows import attend_rows
 from specfold.engine.base import VerifyResult
 from specfold.engine.correction import DEFAULT_GUARD, correct_rows
 from specfold.engine.gate import branch_depths, fold_mask, relative_residual, resolve_sources
+from specfold.model.attention import attend
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM, Layer
 
 BACKENDS = ("torch", "triton")  # "triton": specfold.engine.triton_backend, imported only when chosen
 FFN_MODES = ("residual", "paper")
+ATTENTION_MODES = ("correct", "direct")  # Eq. 8 for folded rows, or every row's attention computed directly
 
 
 @dataclass
@@ -187,13 +189,22 @@ def folded_layer(
     trace: bool = False,
     parents: torch.Tensor | None = None,  # [K] long, needed by ffn="residual"
     delta: float = 0.0,
+    attention: str = "correct",
 ) -> tuple[torch.Tensor, LayerCounts, LayerTrace | None]:
-    """One SpecFold layer (SPEC §4 steps 2–6) given the layer's plan. Returns ``H_next [K*N, E]``."""
+    """One SpecFold layer (SPEC §4 steps 2–6) given the layer's plan. Returns ``H_next [K*N, E]``.
+
+    ``attention="direct"`` computes every row's attention directly over its branch's own (partly inherited) K/V
+    in one batched call instead of correcting folded rows with Eq. 8 — the same result, exact; cheaper when the
+    attention is a small share of the layer (short prefix, small model), where Eq. 8's bookkeeping costs more
+    than the arithmetic it saves."""
     k, n = plan.recompute.shape
     rows, corrected, table = plan.rows, plan.corrected, plan.table
     r = rows.numel()
     q, kk, vv = qkv_rows(layer, h, rows, ctx)  # the layer's Q/K/V pools
     k_tab, v_tab = kk[table], vv[table]  # [K, N, Hkv, D] each branch's block K/V
+    if attention == "direct":
+        return _direct_attention_layer(layer, h, plan, ctx, prefix_k, prefix_v, q, k_tab, v_tab, ffn, trace,
+                                       parents, delta)
     state = attend_rows(q, rows, prefix_k, prefix_v, k_tab, v_tab, ctx.scale)
 
     src_slot = table.reshape(-1)[corrected]  # [C] pool row of each corrected row's source
@@ -212,14 +223,7 @@ def folded_layer(
     o_all = torch.cat([state.o, o_c]).to(h.dtype)  # [R + C, Hq, D]
     attn = layer.attn_out(o_all)  # NOTE: o_proj skips folded rows with Δ = ∅ (their W_o·O is the source's)
     h1 = h + attn[plan.out_index]
-    if ffn == "residual":
-        ffn_recompute = ~fold_mask(relative_residual(h1.view(k, n, -1), parents), delta)
-        _, ff_rows, ff_table = pool_index(ffn_recompute, parents)
-    else:
-        ffn_recompute, ff_rows, ff_table = plan.recompute, rows, table
-    f_pool = ffn_rows(layer, h1, ff_rows)
-    f_tab = f_pool[ff_table.reshape(-1)]
-    h2 = h1 + f_tab
+    h2, f_tab, ffn_recompute = _ffn_step(layer, h1, plan, ffn, parents, delta)
 
     counts = LayerCounts(
         folded=(~plan.recompute).sum(dim=1), guard=fix.flagged.sum(), recomputed=r, corrected=corrected.numel(),
@@ -236,6 +240,48 @@ def folded_layer(
     return h2, counts, info
 
 
+def _ffn_step(
+    layer: Layer,
+    h1: torch.Tensor,  # [K*N, E] post-attention residual
+    plan: FoldPlan,
+    ffn: str,
+    parents: torch.Tensor | None,  # [K]
+    delta: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SPEC §4 step 6 with the chosen FFN gate. Returns ``H_next [K*N, E]``, the FFN table ``[K*N, E]`` and the
+    FFN's recompute mask ``[K, N]``."""
+    k, n = plan.recompute.shape
+    if ffn == "residual":
+        ffn_recompute = ~fold_mask(relative_residual(h1.view(k, n, -1), parents), delta)
+        _, ff_rows, ff_table = pool_index(ffn_recompute, parents)
+    else:
+        ffn_recompute, ff_rows, ff_table = plan.recompute, plan.rows, plan.table
+    f_tab = ffn_rows(layer, h1, ff_rows)[ff_table.reshape(-1)]
+    return h1 + f_tab, f_tab, ffn_recompute
+
+
+def _direct_attention_layer(layer, h, plan, ctx, prefix_k, prefix_v, q, k_tab, v_tab, ffn, trace, parents, delta):
+    """:func:`folded_layer` with ``attention="direct"`` (same arguments and results)."""
+    k, n = plan.recompute.shape
+    q_tab = q[plan.table]  # [K, N, Hq, D] each row's (possibly inherited) query
+    state = attend(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale)
+    h1 = h + layer.attn_out(state.o.to(h.dtype).reshape(k * n, *q.shape[1:]))
+    h2, f_tab, ffn_recompute = _ffn_step(layer, h1, plan, ffn, parents, delta)
+    zero = torch.zeros((), dtype=torch.long, device=h.device)
+    counts = LayerCounts(
+        folded=(~plan.recompute).sum(dim=1), guard=zero, recomputed=plan.rows.numel(), corrected=0,
+        ffn_folded=(~ffn_recompute).sum(),
+    )
+    info = None
+    if trace:
+        info = LayerTrace(
+            h=h.view(k, n, -1).clone(), rho=plan.rho, recompute=plan.recompute, src=plan.src, q=q_tab, k=k_tab,
+            v=v_tab, o=state.o, f=f_tab.view(k, n, -1), flagged=zero[None][:0], h1=h1.view(k, n, -1).clone(),
+            ffn_recompute=ffn_recompute,
+        )
+    return h2, counts, info
+
+
 class FoldedVerifier:
     """SpecFold verification behind the :class:`~specfold.engine.base.Verifier` interface.
 
@@ -245,8 +291,19 @@ class FoldedVerifier:
     (:mod:`specfold.engine.triton_backend`, imported only then; fp32/bf16/fp16 models)."""
 
     def __init__(
-        self, net: DLLM, delta: float, backend: str = "torch", guard: float = DEFAULT_GUARD, ffn: str = "residual"
+        self,
+        net: DLLM,
+        delta: float,
+        backend: str = "torch",
+        guard: float = DEFAULT_GUARD,
+        ffn: str = "residual",
+        attention: str = "correct",
     ) -> None:
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"unknown attention mode {attention!r}; available: {', '.join(ATTENTION_MODES)}")
+        if attention != "correct" and backend == "triton":
+            raise ValueError("the triton backend implements attention='correct' (the Eq. 8 kernel)")
+        self.attention = attention
         if backend not in BACKENDS:
             raise ValueError(f"unknown folded backend {backend!r}; available: {', '.join(BACKENDS)}")
         if ffn not in FFN_MODES:
@@ -298,7 +355,8 @@ class FoldedVerifier:
         for i, layer in enumerate(net.layers):
             plan = plan_fn(h.view(k, n, -1), par, self.delta)
             pk, pv = cache.layer(i)
-            h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.guard, self.ffn, trace, par, self.delta)
+            extra = {} if self.backend == "triton" else {"attention": self.attention}
+            h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.guard, self.ffn, trace, par, self.delta, **extra)
             counts.append(c)
             if out is not None:
                 out.layers.append(info)

@@ -63,6 +63,7 @@ class MethodSpec:
     graph: str | None = None
     backend: str = "torch"
     ffn: str = "residual"
+    attention: str = "correct"
 
     @property
     def params(self) -> dict[str, Any]:
@@ -70,7 +71,7 @@ class MethodSpec:
             return {}
         out: dict[str, Any] = {"budget": self.budget, "depth": self.depth, "graph": self.graph}
         if self.name == "specfold":
-            out.update(delta=self.delta, backend=self.backend, ffn=self.ffn)
+            out.update(delta=self.delta, backend=self.backend, ffn=self.ffn, attention=self.attention)
         return out
 
     @property
@@ -81,6 +82,8 @@ class MethodSpec:
             shown["backend"] = self.backend
         if self.name == "specfold" and self.ffn != "residual":
             shown["ffn"] = self.ffn
+        if self.name == "specfold" and self.attention != "correct":
+            shown["attention"] = self.attention
         return self.name + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
 
     def prepare(self, model: LoadedModel, cfg: DecodeConfig) -> Method:

@@ -47,8 +47,17 @@ POINT_METRICS: tuple[str, ...] = (
     "accepted_per_step",
     "fold_ratio",
 )
-_META_KEYS = ("kind", "model", "dtype", "split", "max_new_tokens", "threshold", "block_size", "small_block_size",
-              "chat")
+_META_KEYS = (
+    "kind",
+    "model",
+    "dtype",
+    "split",
+    "max_new_tokens",
+    "threshold",
+    "block_size",
+    "small_block_size",
+    "chat",
+)
 
 
 def check_grid(kind: str, grid: Iterable[float | int]) -> list[float | int]:
@@ -74,6 +83,7 @@ def sweep_methods(
     delta: float | None = None,
     backend: str = "torch",
     ffn: str = "residual",
+    attention: str = "correct",
 ) -> list[MethodSpec]:
     """The methods of a sweep: vanilla, the spiffy reference point(s), then specfold at every grid point.
 
@@ -89,18 +99,21 @@ def sweep_methods(
     specs = [MethodSpec("vanilla")]
     if kind == "delta":
         specs.append(MethodSpec("spiffy", budget=b))
-        specs += [MethodSpec("specfold", budget=b, delta=float(v), backend=backend, ffn=ffn) for v in values]
+        specs += [
+            MethodSpec("specfold", budget=b, delta=float(v), backend=backend, ffn=ffn, attention=attention)
+            for v in values
+        ]
     elif kind == "budget":
         for v in values:
             specs += [
                 MethodSpec("spiffy", budget=int(v)),
-                MethodSpec("specfold", budget=int(v), delta=d, backend=backend, ffn=ffn),
+                MethodSpec("specfold", budget=int(v), delta=d, backend=backend, ffn=ffn, attention=attention),
             ]
     else:
         for v in values:
             specs += [
                 MethodSpec("spiffy", budget=b, depth=int(v)),
-                MethodSpec("specfold", budget=b, depth=int(v), delta=d, backend=backend, ffn=ffn),
+                MethodSpec("specfold", budget=b, depth=int(v), delta=d, backend=backend, ffn=ffn, attention=attention),
             ]
     return specs
 
@@ -148,13 +161,14 @@ def run_sweep(
     delta: float | None = None,
     backend: str = "torch",
     ffn: str = "residual",
+    attention: str = "correct",
     **plan_options: Any,
 ) -> list[dict[str, Any]]:
     """Run (or resume) one sweep and return all its records (old and new).
 
     ``plan_options`` are the other :class:`EvalPlan` fields (``limit``, ``split``, ``max_new_tokens``, ``threshold``,
     ``block_size``, ``small_block_size``, ``num_shards``, ``shard_id``, ``chat``, ``data_dir``)."""
-    specs = sweep_methods(kind, grid, budget, delta, backend, ffn)
+    specs = sweep_methods(kind, grid, budget, delta, backend, ffn, attention)
     plan = EvalPlan(tasks=list(tasks), methods=specs, **plan_options)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
