@@ -77,7 +77,8 @@ class MethodSpec:
     @property
     def label(self) -> str:
         """Method name plus the parameters that distinguish it, e.g. ``specfold[delta=0.1]``."""
-        shown = {k: v for k, v in self.params.items() if v is not None and k not in ("graph", "backend", "ffn")}
+        hidden = ("graph", "backend", "ffn", "attention")  # shown below only when not the default
+        shown = {k: v for k, v in self.params.items() if v is not None and k not in hidden}
         if self.name == "specfold" and self.backend != "torch":
             shown["backend"] = self.backend
         if self.name == "specfold" and self.ffn != "residual":
