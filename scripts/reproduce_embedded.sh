@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Rebuild the embedded model and every figure/table of its evaluation, from scratch, on a CPU machine.
+# Usage: scripts/reproduce_embedded.sh [STAGE]   (stages: train, package, quality, table, sweeps, plots; default all)
+# Times are for 2 shared CPU cores; the training budget is wall-clock (--max-minutes), so fewer steps fit on a
+# busier machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+S=".venv/bin/specfold"
+RUN=runs/embedded
+ASSET=src/specfold/assets/embedded
+TASKS=synth-math,synth-code,synth-if
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # one thread per process: steadier timings on a shared CPU
+stage=${1:-all}
+want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
+
+if want train; then
+  $S train --out "$RUN" --max-minutes 108 --steps 100000 --batch-size 32 --lr 2e-3 --seed 0
+fi
+if want package; then
+  mkdir -p "$ASSET"
+  .venv/bin/python -c "from pathlib import Path; from specfold.train.trainer import export_state; \
+export_state(Path('$RUN'), Path('$ASSET'))"
+  $S calibrate --model "$ASSET" --budget 7 --samples 50 --max-new-tokens 64 --out "$ASSET/draft_graph.json"
+fi
+if want quality; then   # the quality bar: held-out split, vanilla, tau 0.9, block 32, small block 8, fp32
+  $S eval --tasks $TASKS --methods vanilla --max-new-tokens 64 --out runs/quality.jsonl --json > runs/quality.json
+fi
+if want table; then     # Table 1: side by side in one run, bf16
+  $S eval --tasks $TASKS --methods vanilla,spiffy,specfold --delta 0.05,0.1,0.2 --attention direct --dtype bf16 \
+     --limit 50 --max-new-tokens 64 --out runs/table1.jsonl --json > runs/table1.json
+fi
+if want sweeps; then
+  for kind in delta budget depth; do
+    $S sweep $kind --tasks $TASKS --limit 12 --max-new-tokens 64 --dtype bf16 --attention direct \
+       --out runs/sweep_$kind.jsonl --json > runs/sweep_$kind.json
+  done
+fi
+if want plots; then
+  mkdir -p docs
+  for kind in delta budget depth; do
+    $S plot $kind --records runs/sweep_$kind.jsonl --out docs/sweep_$kind.png
+  done
+  $S analyze residuals --out docs/residuals.png --json > runs/residuals.json
+fi

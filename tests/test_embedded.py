@@ -1,0 +1,85 @@
+"""The embedded model: it ships with the package, loads with no argument, and every lossless method reproduces its
+vanilla trajectory token for token on held-out prompts (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specfold.api import decode_config_for, encode_prompt, prepare_method
+from specfold.config import Family
+from specfold.decoding.decoder import decode
+from specfold.eval.tasks.synthetic import TASKS, load_split
+from specfold.model.embedded import EMBEDDED_DIR
+from specfold.model.loading import load_model
+
+N_PROMPTS = 51  # >= 50 held-out prompts, 17 per domain
+MAX_NEW = 48
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    per_task = N_PROMPTS // len(TASKS)
+    samples = [s for t in TASKS for s in load_split(t, "test", limit=per_task)]
+    return [encode_prompt(model, s.prompt) for s in samples]
+
+
+@pytest.fixture(scope="module")
+def vanilla(model, prompts):
+    cfg = decode_config_for(model, MAX_NEW)
+    return [decode(model, ids, cfg).token_ids for ids in prompts]
+
+
+def test_ships_in_the_package_and_loads_with_no_argument(model):
+    assert model.path == EMBEDDED_DIR
+    assert (EMBEDDED_DIR / "model.safetensors").stat().st_size <= 30 * 2**20
+    cfg = model.config
+    assert cfg.family is Family.FAST_DLLM_V2 and cfg.model_type == "Fast_dLLM_Qwen" and cfg.block_size == 32
+    assert cfg.num_layers >= 6 and cfg.num_heads != cfg.num_kv_heads
+    assert 8e6 <= sum(p.numel() for p in model.net.parameters()) <= 16e6
+    assert model.mask_id == model.tokenizer.convert_tokens_to_ids("|<MASK>|")
+    assert model.stop_id == model.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert (EMBEDDED_DIR / "draft_graph.json").is_file() and (EMBEDDED_DIR / "draft_graph.counts.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "budget, depth", [(1, None), (3, None), (7, None), (7, 1), (7, 2), (7, 3), (7, 4)]
+)
+def test_spiffy_is_token_identical_to_vanilla(model, prompts, vanilla, budget, depth):
+    cfg = decode_config_for(model, MAX_NEW)
+    m = prepare_method(model, "spiffy", cfg.small_block_size, budget=budget, depth=depth)
+    accepted = 0
+    for ids, want in zip(prompts, vanilla, strict=True):
+        res = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
+        assert res.token_ids == want
+        accepted += res.accepted_drafts
+    assert accepted > 0
+
+
+def test_specfold_at_delta_zero_is_token_identical_to_vanilla_and_spiffy(model, prompts, vanilla):
+    cfg = decode_config_for(model, MAX_NEW)
+    m = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0)
+    folded = 0.0
+    for ids, want in zip(prompts, vanilla, strict=True):
+        res = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
+        assert res.token_ids == want
+        folded += res.engine_stats.get("folded_triples", 0.0)
+    assert folded > 0  # rows really folded, so the identity is not vacuous
+
+
+@pytest.mark.slow  # ~3 min in the Triton interpreter on CPU (35 s per verification pass); run with -m slow
+def test_triton_backend_at_delta_zero_is_token_identical(model, prompts):
+    pytest.importorskip("triton")
+    import os
+
+    if not os.environ.get("TRITON_INTERPRET") and not __import__("torch").cuda.is_available():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels are imported")
+    cfg = decode_config_for(model, 32)
+    m = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0, backend="triton")
+    ids = prompts[N_PROMPTS // len(TASKS)]  # a synth-code prompt
+    got = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
+    assert got.token_ids == decode(model, ids, cfg).token_ids and got.engine_stats["folded_triples"] > 0
