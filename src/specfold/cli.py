@@ -208,6 +208,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.method != "vanilla":
             out["accepted_per_step"] = result.accepted_drafts / max(1, result.nfe_denoise)
         if args.method == "specfold":
+            from specfold.engine.base import fold_ratio
+
             out["fold_ratio"] = fold_ratio(result.engine_stats)
         print(json.dumps(out))
     else:
@@ -218,11 +220,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def fold_ratio(stats: dict[str, float]) -> float | None:
-    draft = stats.get("draft_triples", 0.0)
-    return stats.get("folded_triples", 0.0) / draft if draft else None
 
 
 def _progress_bar(total: int, desc: str):

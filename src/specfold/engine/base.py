@@ -31,3 +31,9 @@ class Verifier(Protocol):
         states: torch.Tensor,  # [K, N] long
         parents: torch.Tensor,  # [K] long, parents[0] = -1
     ) -> VerifyResult: ...
+
+
+def fold_ratio(stats: dict[str, float]) -> float | None:
+    """Folded ÷ draft (branch, position, layer) triples of summed verifier stats; None when nothing was drafted."""
+    draft = stats.get("draft_triples", 0.0)
+    return stats.get("folded_triples", 0.0) / draft if draft else None

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from specfold.api import Method, decode_config_for, encode_prompt, prepare_method
 from specfold.config import DecodeConfig
 from specfold.decoding.decoder import decode
+from specfold.engine.base import fold_ratio
 from specfold.model.loading import LoadedModel
 
 SYNTHETIC_PREFIX = "synth-"
@@ -248,7 +249,7 @@ def _run_one(model, cfg, method: Method, spec: MethodSpec, task, sample, score, 
         "text": text,
     }
     if stats.get("draft_triples"):
-        rec["fold_ratio"] = stats.get("folded_triples", 0.0) / stats["draft_triples"]
+        rec["fold_ratio"] = fold_ratio(stats)
         rec["draft_triples"] = stats["draft_triples"]
         rec["folded_triples"] = stats.get("folded_triples", 0.0)
         rec["guard_fallbacks"] = stats.get("guard_fallbacks", 0.0)
