@@ -227,6 +227,13 @@ def load_math500(data_dir: Path | None, split: str = "test", limit: int | None =
     ]
 
 
+def _math_sample(uid: str, r: dict) -> BenchSample:
+    """A full-MATH record (release file or hub row: the same fields) as a sample; the answer is its last box."""
+    return _sample(
+        "math", uid, r["problem"], last_boxed(r["solution"]), r["solution"], level=r["level"], type=r["type"]
+    )
+
+
 def _id_key(path: Path) -> tuple[int, str]:
     return (int(path.stem), "") if path.stem.isdigit() else (1 << 62, path.stem)
 
@@ -243,18 +250,7 @@ def load_math(data_dir: Path | None, split: str = "test", limit: int | None = No
                 if limit is not None and len(out) >= limit:
                     return out
                 r = json.loads(path.read_text(encoding="utf-8"))
-                uid = f"{split}/{subject_dir.name}/{path.name}"
-                out.append(
-                    _sample(
-                        "math",
-                        uid,
-                        r["problem"],
-                        last_boxed(r["solution"]),
-                        r["solution"],
-                        level=r["level"],
-                        type=r["type"],
-                    )
-                )
+                out.append(_math_sample(f"{split}/{subject_dir.name}/{path.name}", r))
         return out
     if not datasets_available():
         raise missing_data("math", expected_path(data_dir, "math", "MATH", split, "<subject>", "<id>.json"))
@@ -262,16 +258,5 @@ def load_math(data_dir: Path | None, split: str = "test", limit: int | None = No
         for i, r in enumerate(hf_rows("EleutherAI/hendrycks_math", subject, split)):
             if limit is not None and len(out) >= limit:
                 return out
-            uid = f"{split}/{subject}/{i}.json"
-            out.append(
-                _sample(
-                    "math",
-                    uid,
-                    r["problem"],
-                    last_boxed(r["solution"]),
-                    r["solution"],
-                    level=r["level"],
-                    type=r["type"],
-                )
-            )
+            out.append(_math_sample(f"{split}/{subject}/{i}.json", r))
     return out
