@@ -17,6 +17,11 @@ Loss (logits shifted as in the family: position ``p`` is read from row ``p-1``):
 
 Masking is per (sequence, block) with a ratio ``t ~ U(0, 1)``; the two noisy copies carry complementary masks,
 so each maskable token is trained in exactly one of them, and they share one clean copy.
+
+Rows that can carry no loss and that no loss row attends to are dropped before the forward (:class:`Layout`): noisy
+blocks that hold only prompt in every sequence of the batch, and the clean copy of the last block. Batches are cut
+from length-sorted pools keyed by (blocks, first response block), so most batches drop a third to a half of the
+rows. The kept rows' logits equal those of the full layout (a test checks it).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ class TrainConfig:
     num_kv_heads: int = 2
     intermediate_size: int = 1024
     seed: int = 0
-    checkpoint_every: int = 100  # in steps; a checkpoint is taken when a length bucket is finished
+    checkpoint_every: int = 100  # in steps; taken at the first finished pool after that many steps
     bf16: bool = True  # autocast the GEMMs to bf16 on CPU (about 3x faster than fp32 there)
 
 
@@ -117,12 +122,43 @@ def training_mask(length: int, block: int, device: torch.device) -> torch.Tensor
     return torch.cat([noisy_a, noisy_b, clean], dim=0)
 
 
-def training_logits(net: DLLM, tokens: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-    """tokens: ``[Bt, 3L]`` (two noisy copies then clean, positions ``0..L-1`` each). Returns ``[Bt, 3L, V]``."""
+@dataclass(frozen=True)
+class Layout:
+    """Which rows of the full ``[noisy_a; noisy_b; clean]`` layout a batch computes: noisy blocks
+    ``first_noisy .. L/N-1`` of both copies and clean blocks ``0 .. clean_blocks-1``."""
+
+    length: int  # L, a multiple of the block size
+    block: int  # N
+    first_noisy: int  # first block with a loss row in any sequence of the batch (0: all)
+    clean_blocks: int  # L/N - 1 when slim (the last clean block feeds nothing), L/N for the full layout
+
+    def rows(self) -> torch.Tensor:
+        """Indices ``[R]`` into the full ``3L`` rows, in layout order."""
+        lo, length = self.first_noisy * self.block, self.length
+        noisy = torch.arange(lo, length)
+        clean = torch.arange(2 * length, 2 * length + self.clean_blocks * self.block)
+        return torch.cat([noisy, length + noisy, clean])
+
+    def positions(self) -> torch.Tensor:
+        """Absolute position ``[R]`` of each kept row."""
+        return self.rows() % self.length
+
+    def mask(self, device: torch.device) -> torch.Tensor:
+        """Bool ``[R, R]``: :func:`training_mask` restricted to the kept rows."""
+        keep = self.rows().to(device)
+        return training_mask(self.length, self.block, device)[keep][:, keep]
+
+
+def training_logits(
+    net: DLLM,
+    tokens: torch.Tensor,  # [Bt, R] kept rows of [noisy_a; noisy_b; clean]
+    positions: torch.Tensor,  # [R] absolute position of each row
+    attn_mask: torch.Tensor,  # [R, R] bool, True = may attend
+) -> torch.Tensor:
+    """Returns ``[Bt, R, V]``."""
     bt, rows = tokens.shape
-    length = rows // 3
-    cos, sin, qscale = net.rope_tables(0, length)
-    cos, sin = cos.repeat(3, 1).repeat(bt, 1), sin.repeat(3, 1).repeat(bt, 1)
+    cos, sin, _ = net.rope_tables(0, int(positions.max()) + 1)
+    cos, sin = cos[positions].repeat(bt, 1), sin[positions].repeat(bt, 1)
     h = F.embedding(tokens, net.embed).reshape(bt * rows, -1)
     for layer in net.layers:
         q, k, v = layer.qkv(h, cos.to(h.dtype), sin.to(h.dtype), None)
@@ -138,8 +174,9 @@ def training_logits(net: DLLM, tokens: torch.Tensor, attn_mask: torch.Tensor) ->
 
 @dataclass
 class Batch:
-    tokens: torch.Tensor  # [Bt, 3L] noisy_a, noisy_b (complementary masks), clean
-    targets: torch.Tensor  # [Bt, 3L] target token of the position each row predicts, -100 where no loss
+    tokens: torch.Tensor  # [Bt, R] the layout's rows of noisy_a, noisy_b (complementary masks), clean
+    targets: torch.Tensor  # [Bt, R] target token of the position each row predicts, -100 where no loss
+    layout: Layout
 
 
 def make_batch(
@@ -148,6 +185,7 @@ def make_batch(
     mask_id: int,
     pad_id: int,
     rng: random.Random,
+    slim: bool = True,  # drop the rows no loss depends on (False: the full 3L layout, for tests)
 ) -> Batch:
     """Pad to whole blocks, draw complementary block-wise masks, and lay out ``[noisy; clean]`` with targets."""
     length = max(math.ceil(len(ids) / block) * block for ids, _ in seqs)
@@ -171,7 +209,15 @@ def make_batch(
         tgt[2 * length + first_pos - 1] = clean[first_pos]
         rows_tok.append(torch.cat([*noisy, clean]))
         rows_tgt.append(tgt)
-    return Batch(torch.stack(rows_tok), torch.stack(rows_tgt))
+    # A noisy row of block b predicts a position of block b (p % N != 0), so blocks before the earliest response
+    # block carry no loss; no row attends to the clean last block, and its rows predict the next block (none).
+    n_blocks = length // block
+    if slim:
+        layout = Layout(length, block, min(resp_start for _, resp_start in seqs) // block, n_blocks - 1)
+    else:
+        layout = Layout(length, block, 0, n_blocks)
+    keep = layout.rows()
+    return Batch(torch.stack(rows_tok)[:, keep], torch.stack(rows_tgt)[:, keep], layout)
 
 
 def sequences(tokenizer, seed: int, max_len: int) -> Iterator[tuple[list[int], int]]:
@@ -203,7 +249,13 @@ def progress_fraction(cfg: TrainConfig, step: int, seconds: float) -> float:
     return frac
 
 
-BUCKET = 4  # steps whose sequences are drawn together and sorted by length, so a batch pads little
+BUCKET = 8  # steps whose sequences are drawn together and sorted, so a batch pads little and drops many rows
+
+
+def bucket_key(seq: tuple[list[int], int], cfg: TrainConfig) -> tuple[int, int, int]:
+    """Sort key of a ``(ids, response_start)`` pool: blocks, then first response block, then length."""
+    ids, resp_start = seq
+    return math.ceil(len(ids) / cfg.block_size), resp_start // cfg.block_size, len(ids)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -230,6 +282,17 @@ def export_state(run_dir: Path, export: Path | None = None) -> Path:
     net = DLLM(ModelConfig.from_dict(cfg_dict))
     net.load_state_dict(state["model"])
     return export_model(net, cfg_dict, Path(cfg.tokenizer_dir), export or run_dir / "model")
+
+
+def _save_state(path: Path, net: DLLM, opt: torch.optim.Optimizer, step: int, seconds: float, rng: random.Random):
+    """Write the resumable state atomically (a run killed mid-write keeps the previous checkpoint)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {"model": net.state_dict(), "optim": opt.state_dict(), "step": step, "seconds": seconds,
+         "rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
+        tmp,
+    )
+    tmp.replace(path)
 
 
 def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None) -> TrainResult:
@@ -268,29 +331,28 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
     data = sequences(tokenizer, cfg.seed, cfg.max_len)
     for _ in range(start_step * cfg.batch_size):
         next(data)
-    attn_cache: dict[int, torch.Tensor] = {}
+    attn_cache: dict[Layout, tuple[torch.Tensor, torch.Tensor]] = {}
     losses: list[float] = []
     pending: list[list[tuple[list[int], int]]] = []
     t0 = time.perf_counter()
-    step = start_step
+    step = saved = start_step
     with open(out / "loss.jsonl", "a") as log:
         while step < cfg.steps:
             seconds = elapsed + time.perf_counter() - t0
             if step > cfg.warmup and progress_fraction(cfg, step, seconds) >= 1.0:
                 break
             if not pending:
-                pool = sorted((next(data) for _ in range(BUCKET * cfg.batch_size)), key=lambda s: len(s[0]))
+                pool = sorted((next(data) for _ in range(BUCKET * cfg.batch_size)), key=lambda s: bucket_key(s, cfg))
                 pending = [pool[i : i + cfg.batch_size] for i in range(0, len(pool), cfg.batch_size)]
                 rng.shuffle(pending)
             batch = make_batch(pending.pop(), cfg.block_size, mask_id, pad_id, rng)
-            length = batch.tokens.shape[1] // 3
-            if length not in attn_cache:
-                attn_cache[length] = training_mask(length, cfg.block_size, batch.tokens.device)
+            if batch.layout not in attn_cache:
+                attn_cache[batch.layout] = (batch.layout.positions(), batch.layout.mask(batch.tokens.device))
             lr = lr_at(cfg, step, seconds)
             for group in opt.param_groups:
                 group["lr"] = lr
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                logits = training_logits(net, batch.tokens, attn_cache[length])
+                logits = training_logits(net, batch.tokens, *attn_cache[batch.layout])
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), batch.targets.view(-1), ignore_index=-100)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -303,19 +365,13 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
             log.flush()
             if progress is not None:
                 progress(step, losses[-1])
-            if (step % cfg.checkpoint_every == 0 and not pending) or step == cfg.steps:
-                torch.save(
-                    {"model": net.state_dict(), "optim": opt.state_dict(), "step": step, "seconds": seconds,
-                     "rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
-                    state_path,
-                )
+            # a resume skips start_step * batch_size samples, so save only once the pool is used up
+            if (step - saved >= cfg.checkpoint_every and not pending) or step == cfg.steps:
+                saved = step
+                _save_state(state_path, net, opt, step, seconds, rng)
     seconds = elapsed + time.perf_counter() - t0
-    if step > start_step:
-        torch.save(
-            {"model": net.state_dict(), "optim": opt.state_dict(), "step": step, "seconds": seconds,
-             "rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
-            state_path,
-        )
+    if step > saved:
+        _save_state(state_path, net, opt, step, seconds, rng)
     export = export_model(net, cfg_dict, Path(cfg.tokenizer_dir), out / "model")
     if not losses:  # resumed a finished run: report the logged tail
         lines = (out / "loss.jsonl").read_text().splitlines()
