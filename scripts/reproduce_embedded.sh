@@ -14,7 +14,7 @@ stage=${1:-all}
 want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
 
 if want train; then
-  $S train --out "$RUN" --max-minutes 108 --steps 100000 --batch-size 32 --lr 2e-3 --seed 0
+  $S train --out "$RUN" --max-minutes 220 --steps 100000 --batch-size 32 --lr 2e-3 --seed 0
 fi
 if want package; then
   mkdir -p "$ASSET"
