@@ -20,8 +20,9 @@ so each maskable token is trained in exactly one of them, and they share one cle
 
 Rows that can carry no loss and that no loss row attends to are dropped before the forward (:class:`Layout`): noisy
 blocks that hold only prompt in every sequence of the batch, and the clean copy of the last block. Batches are cut
-from length-sorted pools keyed by (blocks, first response block), so most batches drop a third to a half of the
-rows. The kept rows' logits equal those of the full layout (a test checks it).
+from pools sorted by (blocks, first response block), so a batch drops between a sixth and a half of its rows (on
+the synthetic suite a step takes about 0.7x the time of the full layout). The kept rows' logits equal those of the
+full layout (a test checks it).
 """
 
 from __future__ import annotations
