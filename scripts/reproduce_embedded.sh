@@ -14,7 +14,11 @@ stage=${1:-all}
 want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
 
 if want train; then
-  $S train --out "$RUN" --max-minutes 220 --steps 100000 --batch-size 32 --lr 2e-3 --seed 0
+  # stage 1, from scratch, one task of each kind per round; stage 2 continues it with math and instruction
+  # following weighted up (a fresh optimizer and data seed: new samples, the same hash-disjoint train split)
+  $S train --out runs/embedded-base --max-minutes 220 --steps 100000 --batch-size 32 --lr 2e-3 --seed 0
+  $S train --out "$RUN" --init runs/embedded-base/model --tokenizer runs/embedded-base/tokenizer \
+     --max-minutes 120 --steps 100000 --batch-size 32 --lr 1e-3 --seed 1 --mix synth-math=3,synth-if=2,synth-code=1
 fi
 if want package; then
   mkdir -p "$ASSET"

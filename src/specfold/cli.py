@@ -31,6 +31,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def task_mix(text: str) -> dict[str, int]:
+    """``synth-math=3,synth-if=2`` -> ``{"synth-math": 3, "synth-if": 2}`` (task names checked against the suite)."""
+    from specfold.eval.tasks.synthetic import TASKS
+
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, count = part.partition("=")
+        name = name.strip()
+        if not sep or name not in TASKS or not count.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected TASK=N with TASK in {', '.join(TASKS)}, got {part!r}")
+        out[name] = int(count)
+    if not any(out.values()):
+        raise argparse.ArgumentTypeError(f"the mix {text!r} leaves out every task")
+    return out
+
+
 def threshold_type(text: str) -> float:
     try:
         value = float(text)
@@ -606,6 +622,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from specfold.train.tokenizer import train_tokenizer
     from specfold.train.trainer import TrainConfig, train
 
+    from specfold.model.loading import resolve_checkpoint
+
+    init = str(resolve_checkpoint(args.init)) if args.init else None  # a bad --init fails before any writing
     tok_dir = Path(args.tokenizer) if args.tokenizer else Path(args.out) / "tokenizer"
     if not (tok_dir / "tokenizer.json").is_file():
         train_tokenizer(tok_dir, vocab_size=args.vocab_size, seed=args.seed)
@@ -622,6 +641,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         num_heads=args.heads,
         num_kv_heads=args.kv_heads,
         intermediate_size=args.intermediate_size,
+        init_from=init,
+        mix=args.mix,
     )
     bar = tqdm(total=args.steps, desc="train", unit="step", dynamic_ncols=True)
 
@@ -893,6 +914,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=positive_int, default=8)
     p.add_argument("--kv-heads", type=positive_int, default=2)
     p.add_argument("--intermediate-size", type=positive_int, default=1024)
+    p.add_argument(
+        "--init",
+        default=None,
+        metavar="DIR",
+        help="warm start from a checkpoint of the same shape (e.g. the shipped model, "
+        "src/specfold/assets/embedded) instead of random weights; ignored when OUT/state.pt exists",
+    )
+    p.add_argument(
+        "--mix",
+        type=task_mix,
+        default=None,
+        metavar="TASK=N,...",
+        help="train samples per task in each round, e.g. synth-math=3,synth-if=2,synth-code=1 "
+        "(default: one of each)",
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(

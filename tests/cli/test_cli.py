@@ -54,3 +54,23 @@ def test_bad_input_one_line_error(capsys, fd_ckpt, argv, message):
 def test_missing_checkpoint(capsys, tmp_path):
     code, _, err = run(capsys, "generate", "--model", str(tmp_path / "x"), "--prompt-ids", "1")
     assert code == 2 and err.startswith("specfold: error: no checkpoint directory")
+
+
+@pytest.mark.parametrize(
+    "mix, message",
+    [("synth-math", "expected TASK=N"), ("gsm8k=2", "expected TASK=N"), ("synth-math=x", "expected TASK=N"),
+     ("synth-math=0,synth-if=0", "leaves out every task")],
+)
+def test_train_rejects_a_bad_mix(capsys, tmp_path, mix, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", str(tmp_path / "run"), "--mix", mix])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_train_rejects_a_missing_warm_start(capsys, tmp_path):
+    code, _, err = run(capsys, "train", "--out", str(tmp_path / "run"), "--init", str(tmp_path / "nope"))
+    assert code == 2 and "no checkpoint directory" in err
+    assert not (tmp_path / "run").exists()

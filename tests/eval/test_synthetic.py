@@ -79,6 +79,25 @@ def test_iter_train_interleaves_tasks_deterministically() -> None:
     assert [s.prompt for s in itertools.islice(iter_train(seed=1), 3)] != [s.prompt for s in head[:3]]
 
 
+def test_iter_train_weights_set_samples_per_round() -> None:
+    weights = {"synth-math": 3, "synth-code": 0, "synth-if": 2}
+    head = list(itertools.islice(iter_train(weights=weights), 10))
+    assert [s.task for s in head] == (["synth-math"] * 3 + ["synth-if"] * 2) * 2
+    # each task's stream is the unweighted one, ids counting per task
+    assert [s for s in head if s.task == "synth-math"] == list(itertools.islice(iter_train("synth-math"), 6))
+    assert [s.sample_id for s in head if s.task == "synth-if"] == [f"synth-if/train/{i:05d}" for i in range(4)]
+    assert list(itertools.islice(iter_train(weights={}), 6)) == list(itertools.islice(iter_train(), 6))
+
+
+@pytest.mark.parametrize(
+    "weights, message",
+    [({"gsm8k": 1}, "outside"), ({"synth-math": -1}, "non-negative"), ({t: 0 for t in TASKS}, "every task")],
+)
+def test_iter_train_rejects_bad_weights(weights, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        next(iter_train(weights=weights))
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_meta_is_json_serialisable_and_references_score(task: str) -> None:
     samples = load_split(task, "test") + load_split(task, "calib")

@@ -10,8 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from specfold.config import ModelConfig
+from specfold.model.random_checkpoint import save_checkpoint
 from specfold.model.transformer import DLLM
-from specfold.train.trainer import TrainConfig, init_weights, make_batch, model_config_dict, training_logits
+from specfold.train.trainer import (
+    TrainConfig,
+    init_weights,
+    make_batch,
+    model_config_dict,
+    training_logits,
+    warm_start,
+)
 
 BLOCK, MASK, PAD, VOCAB = 8, 1, 0, 40
 
@@ -90,3 +98,21 @@ def test_noisy_rows_match_an_active_block_over_the_prefix_cache(net):
                     active = net(noisy[None, b * BLOCK : (b + 1) * BLOCK], cache)[0]
                     got = logits[row, copy * length + b * BLOCK : copy * length + (b + 1) * BLOCK]
                     torch.testing.assert_close(got, active, rtol=0, atol=1e-5)
+
+
+def test_warm_start_takes_every_weight_of_the_checkpoint(net, tmp_path):
+    cfg = TrainConfig(out_dir="-", tokenizer_dir="-", block_size=BLOCK, hidden_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, intermediate_size=64)
+    cfg_dict = model_config_dict(cfg, VOCAB)
+    save_checkpoint(net, tmp_path / "ckpt", cfg_dict)
+    fresh = DLLM(ModelConfig.from_dict(cfg_dict))
+    init_weights(fresh, seed=9)
+    warm_start(fresh, cfg_dict, tmp_path / "ckpt")
+    want, got = net.state_dict(), fresh.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)  # fp32 checkpoint: a bit-exact copy
+
+    wider = model_config_dict(TrainConfig(out_dir="-", tokenizer_dir="-", block_size=BLOCK, hidden_size=48,
+                                          num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=64), VOCAB)
+    with pytest.raises(ValueError, match="num_layers: checkpoint 2 vs run 3"):
+        warm_start(DLLM(ModelConfig.from_dict(wider)), wider, tmp_path / "ckpt")

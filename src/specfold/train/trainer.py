@@ -64,6 +64,8 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 100  # in steps; taken at the first finished pool after that many steps
     bf16: bool = True  # autocast the GEMMs to bf16 on CPU (about 3x faster than fp32 there)
+    init_from: str | None = None  # warm start: a checkpoint directory of the same shape (ignored on resume)
+    mix: dict[str, int] | None = None  # train samples per task per round, e.g. {"synth-math": 3}; default 1 each
 
 
 @dataclass
@@ -221,12 +223,15 @@ def make_batch(
     return Batch(torch.stack(rows_tok)[:, keep], torch.stack(rows_tgt)[:, keep], layout)
 
 
-def sequences(tokenizer, seed: int, max_len: int) -> Iterator[tuple[list[int], int]]:
-    """Endless ``(ids, response_start)`` from the synthetic suite's train split; over-long ones are skipped."""
+def sequences(
+    tokenizer, seed: int, max_len: int, mix: dict[str, int] | None = None
+) -> Iterator[tuple[list[int], int]]:
+    """Endless ``(ids, response_start)`` from the synthetic suite's train split (tasks interleaved by ``mix``);
+    over-long ones are skipped."""
     from specfold.eval.tasks.synthetic import iter_train
     from specfold.train.tokenizer import render_training_text
 
-    for sample in iter_train(seed=seed):
+    for sample in iter_train(seed=seed, weights=mix):
         prompt_text, response_text = render_training_text(sample)
         p = tokenizer.encode(prompt_text, add_special_tokens=False)
         r = tokenizer.encode(response_text, add_special_tokens=False)
@@ -285,6 +290,22 @@ def export_state(run_dir: Path, export: Path | None = None) -> Path:
     return export_model(net, cfg_dict, Path(cfg.tokenizer_dir), export or run_dir / "model")
 
 
+def warm_start(net: DLLM, cfg_dict: dict, checkpoint: str | Path) -> None:
+    """Copy the weights of a Fast-dLLM-v2-format checkpoint into ``net`` (continued training, e.g. of the
+    shipped model); its config must match the run's shape exactly."""
+    from specfold.model.loading import load_checkpoint
+
+    _, ckpt_cfg, ckpt_net = load_checkpoint(checkpoint, dtype="fp32")
+    want = ModelConfig.from_dict(cfg_dict)
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+              "head_dim", "qkv_bias", "block_size")
+    diff = [f"{f}: checkpoint {getattr(ckpt_cfg, f)} vs run {getattr(want, f)}"
+            for f in fields if getattr(ckpt_cfg, f) != getattr(want, f)]
+    if diff:
+        raise ValueError(f"cannot warm-start from {checkpoint}: shapes differ ({'; '.join(diff)})")
+    net.load_state_dict(ckpt_net.state_dict())
+
+
 def _save_state(path: Path, net: DLLM, opt: torch.optim.Optimizer, step: int, seconds: float, rng: random.Random):
     """Write the resumable state atomically (a run killed mid-write keeps the previous checkpoint)."""
     tmp = path.with_suffix(".tmp")
@@ -302,7 +323,6 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
     from transformers import AutoTokenizer
 
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_dir, local_files_only=True)
     mask_id = tokenizer.convert_tokens_to_ids("|<MASK>|")
     pad_id = tokenizer.pad_token_id
@@ -327,9 +347,12 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
         start_step, elapsed = state["step"], state["seconds"]
         rng.setstate(state["rng"])
         torch.set_rng_state(state["torch_rng"])
+    elif cfg.init_from is not None:
+        warm_start(net, cfg_dict, cfg.init_from)
+    out.mkdir(parents=True, exist_ok=True)  # only now: a bad warm start leaves nothing behind
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     # The data stream is deterministic: skip what earlier runs consumed so a resume sees fresh samples.
-    data = sequences(tokenizer, cfg.seed, cfg.max_len)
+    data = sequences(tokenizer, cfg.seed, cfg.max_len, cfg.mix)
     for _ in range(start_step * cfg.batch_size):
         next(data)
     attn_cache: dict[Layout, tuple[torch.Tensor, torch.Tensor]] = {}

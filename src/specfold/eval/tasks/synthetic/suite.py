@@ -120,16 +120,30 @@ def load_split(task: str, split: str, limit: int | None = None, seed: int = 0) -
     return list(samples if limit is None else samples[:limit])
 
 
-def iter_train(task: str | None = None, seed: int = 0) -> Iterator[Sample]:
-    """Endless deterministic train samples; with ``task=None`` the tasks are interleaved round-robin."""
+def iter_train(task: str | None = None, seed: int = 0, weights: dict[str, int] | None = None) -> Iterator[Sample]:
+    """Endless deterministic train samples; with ``task=None`` the tasks are interleaved round-robin, each
+    round giving ``weights[t]`` samples of task ``t`` (default 1 each; 0 leaves a task out)."""
     tasks = TASKS if task is None else (task,)
     for t in tasks:
         _check_task(t)
-    streams = [_stream(t, "train", seed) for t in tasks]
-    for index in itertools.count():
-        for t, stream in zip(tasks, streams, strict=True):
-            prompt, reference, meta = next(stream)
-            yield Sample(t, _sample_id(t, "train", index, seed), prompt, reference, meta)
+    counts = {t: 1 for t in tasks}
+    if weights is not None:
+        unknown = set(weights) - set(tasks)
+        if unknown:
+            raise ValueError(f"weights name tasks {sorted(unknown)} outside {tasks}")
+        if any(not isinstance(w, int) or w < 0 for w in weights.values()):
+            raise ValueError(f"weights must be non-negative integers, got {weights}")
+        counts.update(weights)
+        if not any(counts.values()):
+            raise ValueError("weights leave out every task")
+    streams = {t: _stream(t, "train", seed) for t in tasks}
+    index = dict.fromkeys(tasks, 0)
+    while True:
+        for t in tasks:
+            for _ in range(counts[t]):
+                prompt, reference, meta = next(streams[t])
+                yield Sample(t, _sample_id(t, "train", index[t], seed), prompt, reference, meta)
+                index[t] += 1
 
 
 def score(sample: Sample, response: str) -> bool:
