@@ -647,9 +647,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     bar = tqdm(total=args.steps, desc="train", unit="step", dynamic_ncols=True)
 
     def progress(step: int, loss: float) -> None:
-        bar.n = step
+        if bar.n == 0 and step > 1:  # a resumed run: start the count, and the rate, at its first step
+            bar.reset()
+            bar.initial = bar.n = bar.last_print_n = step - 1
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-        bar.update(0)
+        bar.update(step - bar.n)
 
     result = train(cfg, progress)
     bar.close()
