@@ -55,11 +55,12 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["3-copies", "with-causal-copy"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_slim_layout_keeps_every_loss_row_and_its_logits(net, case):
+def test_slim_layout_keeps_every_loss_row_and_its_logits(net, case, causal):
     seqs = _seqs(CASES[case])
-    full = make_batch(seqs, BLOCK, MASK, PAD, random.Random(1), slim=False)
-    slim = make_batch(seqs, BLOCK, MASK, PAD, random.Random(1))
+    full = make_batch(seqs, BLOCK, MASK, PAD, random.Random(1), slim=False, causal=causal)
+    slim = make_batch(seqs, BLOCK, MASK, PAD, random.Random(1), causal=causal)
     keep = slim.layout.rows()
     assert keep.numel() < full.tokens.shape[1]  # something is dropped in every case
     assert torch.equal(slim.tokens, full.tokens[:, keep])
@@ -98,6 +99,31 @@ def test_noisy_rows_match_an_active_block_over_the_prefix_cache(net):
                     active = net(noisy[None, b * BLOCK : (b + 1) * BLOCK], cache)[0]
                     got = logits[row, copy * length + b * BLOCK : copy * length + (b + 1) * BLOCK]
                     torch.testing.assert_close(got, active, rtol=0, atol=1e-5)
+
+
+def test_causal_rows_are_an_autoregressive_forward_over_the_prefix_cache(net):
+    """The causal copy's block b equals a causal forward of clean block b over a cache of clean blocks < b, and
+    row ``p - 1`` carries the loss of every maskable position ``p``: each response token is also predicted from
+    exactly its left context."""
+    seqs = _seqs([(5, 24), (13, 22)], seed=5)
+    batch = make_batch(seqs, BLOCK, MASK, PAD, random.Random(3), slim=False, causal=True)
+    logits = _logits(net, batch)
+    length = batch.layout.length
+    for row, (ids, resp_start) in enumerate(seqs):
+        clean = batch.tokens[row, 2 * length : 3 * length]
+        assert torch.equal(batch.tokens[row, 3 * length :], clean)
+        targets = batch.targets[row, 3 * length :]
+        resp = [p for p in range(resp_start, length) if p % BLOCK and p < -(-len(ids) // BLOCK) * BLOCK]
+        assert (targets != -100).nonzero().flatten().tolist() == [p - 1 for p in resp]
+        assert torch.equal(targets[[p - 1 for p in resp]], clean[resp])
+        for b in range(length // BLOCK):
+            cache = net.new_cache(length)
+            with torch.no_grad():
+                if b:
+                    net(clean[None, : b * BLOCK], cache, mask="block_causal", write_cache=True)
+                ar = net(clean[None, b * BLOCK : (b + 1) * BLOCK], cache, mask="causal")[0]
+            got = logits[row, 3 * length + b * BLOCK : 3 * length + (b + 1) * BLOCK]
+            torch.testing.assert_close(got, ar, rtol=0, atol=1e-5)
 
 
 def test_warm_start_takes_every_weight_of_the_checkpoint(net, tmp_path):

@@ -18,6 +18,13 @@ Loss (logits shifted as in the family: position ``p`` is read from row ``p-1``):
 Masking is per (sequence, block) with a ratio ``t ~ U(0, 1)``; the two noisy copies carry complementary masks,
 so each maskable token is trained in exactly one of them, and they share one clean copy.
 
+With ``causal_copy`` a fourth copy ``causal`` (clean tokens; earlier clean blocks, then its own block causally)
+adds an autoregressive loss: row ``p-1`` also predicts every maskable position ``p`` from exactly its left context.
+Under random masks a token is a target with all of its left context visible only rarely (about 5 % of the time
+for a token five positions into its block), yet that is the state in which inference commits e.g. the result of
+``23+48=``; the real family inherits this ability from its autoregressive base model (Fast-dLLM-v2 adapts
+Qwen2.5), a model trained from scratch has to get it from somewhere.
+
 Rows that can carry no loss and that no loss row attends to are dropped before the forward (:class:`Layout`): noisy
 blocks that hold only prompt in every sequence of the batch, and the clean copy of the last block. Batches are cut
 from pools sorted by (blocks, first response block), so a batch drops between a sixth and a half of its rows (on
@@ -66,6 +73,7 @@ class TrainConfig:
     bf16: bool = True  # autocast the GEMMs to bf16 on CPU (about 3x faster than fp32 there)
     init_from: str | None = None  # warm start: a checkpoint directory of the same shape (ignored on resume)
     mix: dict[str, int] | None = None  # train samples per task per round, e.g. {"synth-math": 3}; default 1 each
+    causal_copy: bool = False  # add the causal copy (an autoregressive loss beside the masked-token loss)
 
 
 @dataclass
@@ -112,35 +120,43 @@ def init_weights(net: DLLM, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
-def training_mask(length: int, block: int, device: torch.device) -> torch.Tensor:
-    """Bool ``[3L, 3L]`` (True = may attend) for the ``[noisy_a; noisy_b; clean]`` layout described above."""
+def training_mask(length: int, block: int, device: torch.device, causal: bool = False) -> torch.Tensor:
+    """Bool ``[3L, 3L]`` (True = may attend) for the ``[noisy_a; noisy_b; clean]`` layout described above;
+    ``[4L, 4L]`` with the causal copy appended (``[...; causal]``)."""
     blk = torch.arange(length, device=device) // block
     same = blk[:, None] == blk[None, :]
     before = blk[None, :] < blk[:, None]
     upto = blk[None, :] <= blk[:, None]
+    left = same & (torch.arange(length, device=device)[None, :] <= torch.arange(length, device=device)[:, None])
     none = torch.zeros(length, length, dtype=torch.bool, device=device)
-    noisy_a = torch.cat([same, none, before], dim=1)  # own noisy block, earlier clean blocks
-    noisy_b = torch.cat([none, same, before], dim=1)
-    clean = torch.cat([none, none, upto], dim=1)  # clean blocks up to their own
-    return torch.cat([noisy_a, noisy_b, clean], dim=0)
+    tail = [none] if causal else []
+    noisy_a = torch.cat([same, none, before, *tail], dim=1)  # own noisy block, earlier clean blocks
+    noisy_b = torch.cat([none, same, before, *tail], dim=1)
+    clean = torch.cat([none, none, upto, *tail], dim=1)  # clean blocks up to their own
+    rows = [noisy_a, noisy_b, clean]
+    if causal:  # earlier clean blocks, then its own block up to itself
+        rows.append(torch.cat([none, none, before, left], dim=1))
+    return torch.cat(rows, dim=0)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Which rows of the full ``[noisy_a; noisy_b; clean]`` layout a batch computes: noisy blocks
-    ``first_noisy .. L/N-1`` of both copies and clean blocks ``0 .. clean_blocks-1``."""
+    """Which rows of the full ``[noisy_a; noisy_b; clean]`` (``[...; causal]``) layout a batch computes: noisy
+    (and causal) blocks ``first_noisy .. L/N-1`` and clean blocks ``0 .. clean_blocks-1``."""
 
     length: int  # L, a multiple of the block size
     block: int  # N
     first_noisy: int  # first block with a loss row in any sequence of the batch (0: all)
     clean_blocks: int  # L/N - 1 when slim (the last clean block feeds nothing), L/N for the full layout
+    causal: bool = False  # a fourth copy: clean tokens, causal inside their block
 
     def rows(self) -> torch.Tensor:
-        """Indices ``[R]`` into the full ``3L`` rows, in layout order."""
+        """Indices ``[R]`` into the full ``3L`` (``4L``) rows, in layout order."""
         lo, length = self.first_noisy * self.block, self.length
         noisy = torch.arange(lo, length)
         clean = torch.arange(2 * length, 2 * length + self.clean_blocks * self.block)
-        return torch.cat([noisy, length + noisy, clean])
+        causal = [3 * length + noisy] if self.causal else []
+        return torch.cat([noisy, length + noisy, clean, *causal])
 
     def positions(self) -> torch.Tensor:
         """Absolute position ``[R]`` of each kept row."""
@@ -149,7 +165,7 @@ class Layout:
     def mask(self, device: torch.device) -> torch.Tensor:
         """Bool ``[R, R]``: :func:`training_mask` restricted to the kept rows."""
         keep = self.rows().to(device)
-        return training_mask(self.length, self.block, device)[keep][:, keep]
+        return training_mask(self.length, self.block, device, self.causal)[keep][:, keep]
 
 
 def training_logits(
@@ -189,6 +205,7 @@ def make_batch(
     pad_id: int,
     rng: random.Random,
     slim: bool = True,  # drop the rows no loss depends on (False: the full 3L layout, for tests)
+    causal: bool = False,  # append the causal copy: each maskable position also predicted from its left context
 ) -> Batch:
     """Pad to whole blocks, draw complementary block-wise masks, and lay out ``[noisy; clean]`` with targets."""
     length = max(math.ceil(len(ids) / block) * block for ids, _ in seqs)
@@ -202,7 +219,7 @@ def make_batch(
         maskable = in_resp & (pos % block != 0)
         ratio = torch.tensor([rng.random() for _ in range(length // block)]).repeat_interleave(block)
         draw = torch.tensor([rng.random() for _ in range(length)]) < ratio
-        tgt = torch.full((3 * length,), -100, dtype=torch.long)
+        tgt = torch.full(((4 if causal else 3) * length,), -100, dtype=torch.long)
         noisy = []
         for copy, m in enumerate((maskable & draw, maskable & ~draw)):  # the complementary pair
             noisy.append(torch.where(m, torch.full_like(clean, mask_id), clean))
@@ -210,15 +227,17 @@ def make_batch(
             tgt[copy * length + masked_pos - 1] = clean[masked_pos]  # row p-1 predicts position p (shifted)
         first_pos = (in_resp & (pos % block == 0) & (pos > 0)).nonzero().flatten()
         tgt[2 * length + first_pos - 1] = clean[first_pos]
-        rows_tok.append(torch.cat([*noisy, clean]))
+        if causal:
+            tgt[3 * length + maskable.nonzero().flatten() - 1] = clean[maskable]
+        rows_tok.append(torch.cat([*noisy, clean, *([clean] if causal else [])]))
         rows_tgt.append(tgt)
     # A noisy row of block b predicts a position of block b (p % N != 0), so blocks before the earliest response
     # block carry no loss; no row attends to the clean last block, and its rows predict the next block (none).
     n_blocks = length // block
     if slim:
-        layout = Layout(length, block, min(resp_start for _, resp_start in seqs) // block, n_blocks - 1)
+        layout = Layout(length, block, min(resp_start for _, resp_start in seqs) // block, n_blocks - 1, causal)
     else:
-        layout = Layout(length, block, 0, n_blocks)
+        layout = Layout(length, block, 0, n_blocks, causal)
     keep = layout.rows()
     return Batch(torch.stack(rows_tok)[:, keep], torch.stack(rows_tgt)[:, keep], layout)
 
@@ -369,7 +388,7 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
                 pool = sorted((next(data) for _ in range(BUCKET * cfg.batch_size)), key=lambda s: bucket_key(s, cfg))
                 pending = [pool[i : i + cfg.batch_size] for i in range(0, len(pool), cfg.batch_size)]
                 rng.shuffle(pending)
-            batch = make_batch(pending.pop(), cfg.block_size, mask_id, pad_id, rng)
+            batch = make_batch(pending.pop(), cfg.block_size, mask_id, pad_id, rng, causal=cfg.causal_copy)
             if batch.layout not in attn_cache:
                 attn_cache[batch.layout] = (batch.layout.positions(), batch.layout.mask(batch.tokens.device))
             lr = lr_at(cfg, step, seconds)
