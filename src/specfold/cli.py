@@ -619,10 +619,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from specfold.model.loading import resolve_checkpoint
     from specfold.train.tokenizer import train_tokenizer
     from specfold.train.trainer import TrainConfig, train
-
-    from specfold.model.loading import resolve_checkpoint
 
     init = str(resolve_checkpoint(args.init)) if args.init else None  # a bad --init fails before any writing
     tok_dir = Path(args.tokenizer) if args.tokenizer else Path(args.out) / "tokenizer"
