@@ -298,8 +298,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str
 
 def format_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The paper's Table 1 as text: per task and method, accuracy, NFE and TPS (absolute and vs vanilla), fold."""
+    tw = max([4] + [len(task) for task in summary])  # columns as wide as the longest task and method names
+    mw = max([6] + [len(label) for rows in summary.values() for label in rows])
     head = (
-        f"{'task':<12} {'method':<28} {'acc':>6} {'NFE':>7} {'NFE×':>6} {'tok/s':>8} {'TPS×':>6} "
+        f"{'task':<{tw}} {'method':<{mw}} {'acc':>6} {'NFE':>7} {'NFE×':>6} {'tok/s':>8} {'TPS×':>6} "
         f"{'tok/fwd':>7} {'acc/step':>8} {'fold':>5}"
     )
     lines = [head, "-" * len(head)]
@@ -311,7 +313,7 @@ def format_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
     for task, rows in summary.items():
         for label, r in rows.items():
             lines.append(
-                f"{task:<12} {label:<28} {100 * r['accuracy']:>5.1f}% {r['nfe_per_sample']:>7.1f} "
+                f"{task:<{tw}} {label:<{mw}} {100 * r['accuracy']:>5.1f}% {r['nfe_per_sample']:>7.1f} "
                 f"{fmt(r, 'nfe_vs_vanilla', 6)} {r['tokens_per_second']:>8.1f} {fmt(r, 'tps_vs_vanilla', 6)} "
                 f"{r['tokens_per_forward']:>7.2f} {fmt(r, 'accepted_per_step', 8)} {fmt(r, 'fold_ratio', 5)}"
             )

@@ -214,18 +214,23 @@ def sweep_summary(records: Iterable[dict[str, Any]], kind: str) -> dict[str, Any
 def format_sweep(summary: dict[str, Any]) -> str:
     """The sweep summary as a text table: per task and point, accuracy, tokens/s, gain, NFE, fold ratio."""
     kind = summary["kind"]
-    head = f"{'task':<12} {'method':<36} {'acc':>6} {'tok/s':>8} {'TPS×':>6} {'NFE':>7} {'fold':>5}"
+    rows = [
+        (task, p)
+        for task, entry in summary["tasks"].items()
+        for p in ([entry["vanilla"]] if entry["vanilla"] else []) + entry["spiffy"] + entry["specfold"]
+    ]
+    tw = max([4] + [len(task) for task, _ in rows])  # columns as wide as the longest task and method names
+    mw = max([6] + [len(p["label"]) for _, p in rows])
+    head = f"{'task':<{tw}} {'method':<{mw}} {'acc':>6} {'tok/s':>8} {'TPS×':>6} {'NFE':>7} {'fold':>5}"
     lines = [f"sweep over {kind}", head, "-" * len(head)]
 
     def num(p: dict[str, Any], key: str, width: int, scale: float = 1.0) -> str:
         v = p.get(key)
         return f"{scale * v:>{width}.2f}" if isinstance(v, (int, float)) else "-".rjust(width)
 
-    for task, entry in summary["tasks"].items():
-        points = ([entry["vanilla"]] if entry["vanilla"] else []) + entry["spiffy"] + entry["specfold"]
-        for p in points:
-            lines.append(
-                f"{task:<12} {p['label']:<36} {num(p, 'accuracy', 5, 100)}% {num(p, 'tokens_per_second', 8)} "
-                f"{num(p, 'tps_vs_vanilla', 6)} {num(p, 'nfe_per_sample', 7)} {num(p, 'fold_ratio', 5)}"
-            )
+    for task, p in rows:
+        lines.append(
+            f"{task:<{tw}} {p['label']:<{mw}} {num(p, 'accuracy', 5, 100)}% {num(p, 'tokens_per_second', 8)} "
+            f"{num(p, 'tps_vs_vanilla', 6)} {num(p, 'nfe_per_sample', 7)} {num(p, 'fold_ratio', 5)}"
+        )
     return "\n".join(lines)
