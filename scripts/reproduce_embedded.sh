@@ -14,11 +14,20 @@ stage=${1:-all}
 want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
 
 if want train; then
-  # stage 1, from scratch, one task of each kind per round; stage 2 continues it with math and instruction
-  # following weighted up (a fresh optimizer and data seed: new samples, the same hash-disjoint train split)
+  # stage 1: from scratch, one task of each kind per round
   $S train --out runs/embedded-base --max-minutes 220 --steps 100000 --batch-size 32 --lr 2e-3 --seed 0
-  $S train --out "$RUN" --init runs/embedded-base/model --tokenizer runs/embedded-base/tokenizer \
-     --max-minutes 120 --steps 100000 --batch-size 32 --lr 1e-3 --seed 1 --mix synth-math=3,synth-if=2,synth-code=1
+  # stage 2: math and instruction following weighted up (fresh optimizer and data seed: new samples from the same
+  # hash-disjoint train split); it was stopped after 45 minutes (step 3,016 of its 120-minute schedule) because
+  # teacher-forced arithmetic had not moved, and continued with the causal copy (stage 3)
+  timeout -s INT 45m $S train --out runs/embedded-mix --init runs/embedded-base/model \
+     --tokenizer runs/embedded-base/tokenizer --max-minutes 120 --steps 100000 --batch-size 32 --lr 1e-3 --seed 1 \
+     --mix synth-math=3,synth-if=2,synth-code=1 || true
+  .venv/bin/python -c "from pathlib import Path; from specfold.train.trainer import export_state; \
+export_state(Path('runs/embedded-mix'), Path('runs/embedded-mix/model'))"
+  # stage 3: the same mix plus the autoregressive loss of the causal copy
+  $S train --out "$RUN" --init runs/embedded-mix/model --tokenizer runs/embedded-base/tokenizer \
+     --max-minutes 70 --steps 100000 --batch-size 32 --lr 7e-4 --seed 2 --mix synth-math=3,synth-if=2,synth-code=1 \
+     --causal-copy
 fi
 if want package; then
   mkdir -p "$ASSET"
