@@ -12,6 +12,10 @@ TASKS=synth-math,synth-code,synth-if
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # one thread per process: steadier timings on a shared CPU
 stage=${1:-all}
 want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
+export_run() {  # a training run's latest state.pt -> a model directory (config, safetensors, tokenizer)
+  .venv/bin/python -c "from pathlib import Path; from specfold.train.trainer import export_state; \
+export_state(Path('$1'), Path('$2'))"
+}
 
 if want train; then
   # stage 1: from scratch, one task of each kind per round
@@ -22,8 +26,7 @@ if want train; then
   timeout -s INT 45m $S train --out runs/embedded-mix --init runs/embedded-base/model \
      --tokenizer runs/embedded-base/tokenizer --max-minutes 120 --steps 100000 --batch-size 32 --lr 1e-3 --seed 1 \
      --mix synth-math=3,synth-if=2,synth-code=1 || true
-  .venv/bin/python -c "from pathlib import Path; from specfold.train.trainer import export_state; \
-export_state(Path('runs/embedded-mix'), Path('runs/embedded-mix/model'))"
+  export_run runs/embedded-mix runs/embedded-mix/model
   # stage 3: the same mix plus the autoregressive loss of the causal copy
   $S train --out "$RUN" --init runs/embedded-mix/model --tokenizer runs/embedded-base/tokenizer \
      --max-minutes 70 --steps 100000 --batch-size 32 --lr 7e-4 --seed 2 --mix synth-math=3,synth-if=2,synth-code=1 \
@@ -31,8 +34,7 @@ export_state(Path('runs/embedded-mix'), Path('runs/embedded-mix/model'))"
 fi
 if want package; then
   mkdir -p "$ASSET"
-  .venv/bin/python -c "from pathlib import Path; from specfold.train.trainer import export_state; \
-export_state(Path('$RUN'), Path('$ASSET'))"
+  export_run "$RUN" "$ASSET"
   $S calibrate --model "$ASSET" --budget 7 --samples 50 --max-new-tokens 64 --out "$ASSET/draft_graph.json"
 fi
 if want quality; then   # the quality bar: held-out split, vanilla, tau 0.9, block 32, small block 8, fp32

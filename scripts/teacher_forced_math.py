@@ -10,8 +10,8 @@ import argparse
 import json
 
 import specfold
+from specfold.api import encode_prompt
 from specfold.eval.tasks.synthetic import load_split
-from specfold.train.tokenizer import render_chat
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     tok = model.tokenizer
     right = total = 0
     for sample in load_split("synth-math", "test")[: args.problems]:
-        prompt = tok.encode(render_chat(sample.prompt), add_special_tokens=False)
+        prompt = encode_prompt(model, sample.prompt)  # as `specfold eval` encodes it: the model's chat template
         lines = sample.reference.split("\n")[:-1]  # the worked lines; the last is "Answer: N"
         for i, line in enumerate(lines):
             lhs, rhs = line.split("=")
