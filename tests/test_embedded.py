@@ -46,9 +46,7 @@ def test_ships_in_the_package_and_loads_with_no_argument(model):
     assert (EMBEDDED_DIR / "draft_graph.json").is_file() and (EMBEDDED_DIR / "draft_graph.counts.json").is_file()
 
 
-@pytest.mark.parametrize(
-    "budget, depth", [(1, None), (3, None), (7, None), (7, 1), (7, 2), (7, 3), (7, 4)]
-)
+@pytest.mark.parametrize("budget, depth", [(1, None), (3, None), (7, None), (7, 1), (7, 2), (7, 3), (7, 4)])
 def test_spiffy_is_token_identical_to_vanilla(model, prompts, vanilla, budget, depth):
     cfg = decode_config_for(model, MAX_NEW)
     m = prepare_method(model, "spiffy", cfg.small_block_size, budget=budget, depth=depth)
@@ -71,7 +69,7 @@ def test_specfold_at_delta_zero_is_token_identical_to_vanilla_and_spiffy(model, 
     assert folded > 0  # rows really folded, so the identity is not vacuous
 
 
-@pytest.mark.slow  # ~3 min in the Triton interpreter on CPU (35 s per verification pass); run with -m slow
+@pytest.mark.slow  # ~30 s in the Triton interpreter on 2 CPU cores; run with TRITON_INTERPRET=1 and -m slow
 def test_triton_backend_at_delta_zero_is_token_identical(model, prompts):
     pytest.importorskip("triton")
     import os
@@ -79,7 +77,15 @@ def test_triton_backend_at_delta_zero_is_token_identical(model, prompts):
     if not os.environ.get("TRITON_INTERPRET") and not __import__("torch").cuda.is_available():
         pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels are imported")
     cfg = decode_config_for(model, 32)
+    # one prompt (the interpreter is slow): the first where the torch engine folds rows, so the test is not vacuous
+    ref = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0)
+
+    def folds(ids: list[int]) -> bool:
+        res = decode(model, ids, cfg, verifier=ref.verifier, drafter=ref.drafter)
+        return res.engine_stats.get("folded_triples", 0.0) > 0
+
+    ids = next((p for p in prompts if folds(p)), None)
+    assert ids is not None, "no held-out prompt folds any row at delta 0 with the torch engine"
     m = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0, backend="triton")
-    ids = prompts[N_PROMPTS // len(TASKS)]  # a synth-code prompt
     got = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
     assert got.token_ids == decode(model, ids, cfg).token_ids and got.engine_stats["folded_triples"] > 0
