@@ -1,0 +1,62 @@
+"""The ``specfold`` command line — the only layer that prints.
+
+    specfold generate "What is 3 + 4?"                      # the embedded model
+    specfold generate --model DIR --prompt-ids 1,2,3 --json  # any supported checkpoint, raw ids, JSON out
+    specfold init-random DIR --family nld                   # a random-weight checkpoint in the real format
+
+One module per command (``generate.py``, ``eval.py``, ...), each with ``register(subparsers)`` and ``run(args)``;
+the shared argument types, option groups, model loading and progress bar live in ``common.py``.
+Bad input ends with one ``specfold: error: ...`` line and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from specfold.cli import (
+    analyze,
+    bench,
+    calibrate,
+    demo,
+    export_evalplus,
+    generate,
+    init_random,
+    merge,
+    plot,
+    sweep,
+    train,
+)
+from specfold.cli import eval as eval_command
+from specfold.cli.common import Parser, UsageError
+from specfold.model.loading import CheckpointError
+
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+
+# in the order `specfold --help` lists them
+COMMANDS = (generate, demo, eval_command, sweep, plot, analyze, merge, export_evalplus, calibrate, bench, train,
+            init_random)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="specfold",
+        description="Faster lossless decoding for masked diffusion LLMs (Fast-dLLM-v2, Nemotron-Labs-Diffusion).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (CheckpointError, ValueError, FileNotFoundError, KeyboardInterrupt) as exc:
+        message = str(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
+        print(f"specfold: error: {message}", file=sys.stderr)
+        return 2

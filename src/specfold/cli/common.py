@@ -1,0 +1,222 @@
+"""What the ``specfold`` commands share: argument types, option groups, the parser class, model loading and the
+progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specfold.model.loading import DTYPES
+
+
+class UsageError(ValueError):
+    """Bad command-line input, reported as one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump): ``specfold: error: ...``, exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def threshold_type(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"threshold must be in (0, 1], got {value}")
+    return value
+
+
+def small_block_type(text: str) -> int | None | str:
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    return positive_int(text)
+
+
+def id_list(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("--prompt-ids is empty")
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError("token ids must be non-negative")
+    return ids
+
+
+def float_list(text: str) -> list[float]:
+    return [non_negative_float(t) for t in text.split(",") if t.strip()]
+
+
+def number_list(text: str) -> list[float]:
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def method_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in ("vanilla", "spiffy", "specfold")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {bad or text!r}; choose from vanilla, spiffy, specfold")
+    return names
+
+
+def task_mix(text: str) -> dict[str, int]:
+    """``synth-math=3,synth-if=2`` -> ``{"synth-math": 3, "synth-if": 2}`` (task names checked against the suite)."""
+    from specfold.eval.tasks.synthetic import TASKS
+
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, count = part.partition("=")
+        name = name.strip()
+        if not sep or name not in TASKS or not count.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected TASK=N with TASK in {', '.join(TASKS)}, got {part!r}")
+        out[name] = int(count)
+    if not any(out.values()):
+        raise argparse.ArgumentTypeError(f"the mix {text!r} leaves out every task")
+    return out
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model", default=None, help="checkpoint directory or Hugging Face id (default: the embedded model)"
+    )
+    g.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="weights and activations (default fp32)")
+    g.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    g.add_argument("--mask-id", type=int, default=None, help="override the mask token id")
+    g.add_argument("--eos-id", type=int, default=None, help="override the stop token id")
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decoding")
+    g.add_argument("--max-new-tokens", type=positive_int, default=256, help="generation budget (default 256)")
+    g.add_argument(
+        "--threshold",
+        type=threshold_type,
+        default=0.9,
+        help="unmask every eligible position with confidence > threshold, plus the most confident (0.9)",
+    )
+    g.add_argument("--block-size", type=positive_int, default=None, help="block length (default: the model's bd_size)")
+    g.add_argument(
+        "--small-block-size",
+        type=small_block_type,
+        default="auto",
+        help="eligible window inside a block: N, 'none', or 'auto' (8 for Fast-dLLM-v2, none for NLD)",
+    )
+
+
+def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
+    g = p.add_argument_group("speculation (spiffy, specfold)")
+    if multi:
+        g.add_argument(
+            "--methods",
+            default="vanilla",
+            type=method_list,
+            help="comma-separated: vanilla, spiffy, specfold (default vanilla)",
+        )
+    else:
+        g.add_argument(
+            "--method",
+            default="vanilla",
+            choices=["vanilla", "spiffy", "specfold"],
+            help="vanilla; spiffy = drafts + dense verification; specfold = drafts + folded verification",
+        )
+    g.add_argument("--graph", default=None, help="draft graph JSON (default: the one shipped beside the model)")
+    g.add_argument("--budget", type=positive_int, default=None, help="draft budget B (default 7)")
+    g.add_argument("--depth", type=positive_int, default=None, help="cap on the draft graph depth")
+    if multi:
+        g.add_argument(
+            "--delta",
+            type=float_list,
+            default=[0.1],
+            help="specfold recompute threshold(s) on the relative residual, comma-separated (0.1)",
+        )
+    else:
+        g.add_argument(
+            "--delta",
+            type=non_negative_float,
+            default=0.1,
+            help="specfold recompute threshold on the relative residual (default 0.1)",
+        )
+    g.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+    g.add_argument(
+        "--ffn-reuse",
+        choices=["residual", "paper"],
+        default="residual",
+        help="specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); "
+        "'paper' reuses it on the layer's folded set as the paper does (not exact at delta 0)",
+    )
+    g.add_argument(
+        "--attention",
+        choices=["correct", "direct"],
+        default="correct",
+        help="specfold folded-row attention: 'correct' = Eq. 8 from the source's softmax state (default); "
+        "'direct' = every row over its branch's own K/V in one batched call (same result; cheaper for small models)",
+    )
+
+
+def method_kwargs(args: argparse.Namespace, method: str | None = None) -> dict:
+    """Options for a speculative method (none for vanilla)."""
+    if (method or args.method) == "vanilla":
+        for flag in ("graph", "budget", "depth"):
+            if getattr(args, flag) is not None and method is None:
+                raise UsageError(f"--{flag} applies to --method spiffy or specfold")
+        return {}
+    return {
+        "graph": args.graph,
+        "budget": args.budget,
+        "depth": args.depth,
+        "delta": args.delta,
+        "backend": args.backend,
+        "ffn": args.ffn_reuse,
+        "attention": args.attention,
+    }
+
+
+def load_from_args(args: argparse.Namespace):
+    from specfold.api import load_model
+
+    return load_model(args.model, dtype=args.dtype, device=args.device, mask_id=args.mask_id, eos_id=args.eos_id)
+
+
+def progress_bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stderr, disable=None)
+
+
+def evalplus_samples(tasks, split: str, data_dir) -> dict:
+    """Sample id -> sample of the HumanEval records (their prompt makes a self-contained solution)."""
+    from specfold.eval.harness import load_task
+
+    if "humaneval" not in tasks:
+        return {}
+    return {s.sample_id: s for s in load_task("humaneval", split, None, data_dir).samples}

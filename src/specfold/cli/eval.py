@@ -1,0 +1,106 @@
+"""``specfold eval``: accuracy, NFE and tokens/s of methods side by side on tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specfold.cli.common import (
+    add_decode_args,
+    add_method_args,
+    add_model_args,
+    evalplus_samples,
+    load_from_args,
+    positive_int,
+    progress_bar,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="accuracy, NFE and tokens/s of methods side by side on tasks",
+        description="Decode task samples with each method (side by side, same sample), score them, "
+        "append one JSON record per (sample, method) to --out (a rerun resumes), and print the "
+        "Table-1 summary; with --json the last stdout line is the summary as JSON.",
+    )
+    p.add_argument(
+        "--tasks",
+        required=True,
+        type=lambda t: [x for x in t.split(",") if x],
+        help="comma-separated: synth-math, synth-code, synth-if, gsm8k, math500, math, humaneval, mbpp, ifeval",
+    )
+    p.add_argument("--split", default="test", help="split of the tasks (default test)")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")
+    p.add_argument("--data-dir", default=None, help="directory with the benchmarks' original files (DIR/gsm8k/...)")
+    p.add_argument("--out", default=None, help="JSONL file of per-sample records (appended; reruns resume)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line (last line of stdout)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
+    p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
+    p.add_argument(
+        "--evalplus-out",
+        default=None,
+        help="also write EvalPlus samples of the code tasks (one file per method when several ran)",
+    )
+    add_model_args(p)
+    add_decode_args(p)
+    add_method_args(p, multi=True)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.eval.harness import EvalPlan, MethodSpec, format_table, run_eval, summarize
+
+    specs = []
+    for name in args.methods:
+        if name == "specfold":
+            specs += [
+                MethodSpec(name, args.budget, args.depth, d, args.graph, args.backend, args.ffn_reuse, args.attention)
+                for d in args.delta
+            ]
+        elif name == "spiffy":
+            specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph))
+        else:
+            specs.append(MethodSpec(name))
+    plan = EvalPlan(
+        tasks=args.tasks,
+        methods=specs,
+        split=args.split,
+        limit=args.limit,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        max_new_tokens=args.max_new_tokens,
+        threshold=args.threshold,
+        block_size=args.block_size,
+        small_block_size=args.small_block_size,
+        num_shards=args.num_shards,
+        shard_id=args.shard_id,
+        chat=not args.no_chat,
+    )
+    model = load_from_args(args)
+    bar = None
+
+    def progress(p) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress_bar(p.total, "eval")
+        bar.set_postfix_str(" ".join(f"{k} {v:.0f} tok/s" for k, v in p.tokens_per_second.items()), refresh=False)
+        bar.update(p.done - bar.n)
+
+    records = run_eval(model, plan, Path(args.out) if args.out else None, progress)
+    if bar is not None:
+        bar.close()
+    summary = summarize(records)
+    print(format_table(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.evalplus_out:
+        from specfold.eval.evalplus import write_evalplus
+
+        samples = evalplus_samples(args.tasks, args.split, plan.data_dir)
+        written = write_evalplus(records, Path(args.evalplus_out), samples)
+        print("evalplus samples: " + ", ".join(f"{k} -> {v}" for k, v in written.items()), file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary))
+    return 0

@@ -1,0 +1,117 @@
+"""``specfold sweep``: sweep delta, draft budget B or depth cap D (paper Fig. 4/5/8)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specfold.cli.common import (
+    UsageError,
+    add_decode_args,
+    add_model_args,
+    load_from_args,
+    non_negative_float,
+    number_list,
+    positive_int,
+    progress_bar,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sweep",
+        help="sweep delta, draft budget B or depth cap D (paper Fig. 4/5/8)",
+        description="Run vanilla, spiffy and specfold over a grid (delta: SpecFold at every delta, B = 7; budget: "
+        "spiffy and specfold at every B, each with its own graph from the calibration counts beside the model; "
+        "depth: every depth cap of the B = 7 graph). Records go to --out (one file per sweep; a rerun resumes); "
+        "with --json the last stdout line is the summary per task and grid point.",
+    )
+    p.add_argument("kind", choices=["delta", "budget", "depth"], help="the swept parameter")
+    p.add_argument(
+        "--tasks",
+        required=True,
+        type=lambda t: [x for x in t.split(",") if x],
+        help="comma-separated tasks (as for eval)",
+    )
+    p.add_argument(
+        "--grid",
+        type=number_list,
+        default=None,
+        help="comma-separated values (default: delta 0.01,0.02,0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7; budget 2..8; "
+        "depth 1..4)",
+    )
+    p.add_argument("--budget", type=positive_int, default=None, help="B of the delta and depth sweeps (default 7)")
+    p.add_argument("--delta", type=non_negative_float, default=None, help="delta of budget/depth sweeps (0.1)")
+    p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+    p.add_argument("--ffn-reuse", choices=["residual", "paper"], default="residual", help="specfold FFN reuse")
+    p.add_argument(
+        "--attention",
+        choices=["correct", "direct"],
+        default="correct",
+        help="specfold folded-row attention: Eq. 8 correction or direct (same result)",
+    )
+    p.add_argument("--split", default="test", help="split of the tasks (default test)")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")
+    p.add_argument("--data-dir", default=None, help="directory with the benchmarks' original files")
+    p.add_argument("--out", default=None, help="JSONL records (default sweep_KIND.jsonl; a rerun resumes)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line (last line of stdout)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
+    p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
+    add_model_args(p)
+    add_decode_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specfold.eval.sweep import format_sweep, run_sweep, sweep_summary
+
+    if args.kind == "budget" and args.budget is not None:
+        raise UsageError("a budget sweep varies B itself; use --grid to choose the values")
+    if args.kind == "delta" and args.delta is not None:
+        raise UsageError("a delta sweep varies delta itself; use --grid to choose the values")
+    model = load_from_args(args)
+    out = Path(args.out or f"sweep_{args.kind}.jsonl")
+    bar = None
+
+    def progress(p) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress_bar(p.total, f"sweep {args.kind}")
+        bar.set_postfix_str(p.method, refresh=False)
+        bar.update(p.done - bar.n)
+
+    records = run_sweep(
+        model,
+        args.kind,
+        args.tasks,
+        args.grid,
+        out,
+        progress,
+        budget=args.budget,
+        delta=args.delta,
+        backend=args.backend,
+        ffn=args.ffn_reuse,
+        attention=args.attention,
+        split=args.split,
+        limit=args.limit,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        max_new_tokens=args.max_new_tokens,
+        threshold=args.threshold,
+        block_size=args.block_size,
+        small_block_size=args.small_block_size,
+        num_shards=args.num_shards,
+        shard_id=args.shard_id,
+        chat=not args.no_chat,
+    )
+    if bar is not None:
+        bar.close()
+    summary = sweep_summary(records, args.kind)
+    summary["records"] = str(out)
+    print(format_sweep(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
