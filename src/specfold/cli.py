@@ -147,10 +147,11 @@ def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
     )
     g.add_argument(
         "--attention",
-        choices=["correct", "direct"],
-        default="correct",
-        help="specfold folded-row attention: 'correct' = Eq. 8 from the source's softmax state (default); "
-        "'direct' = every row over its branch's own K/V in one batched call (same result; cheaper for small models)",
+        choices=["auto", "correct", "direct"],
+        default="auto",
+        help="specfold folded-row attention: 'auto' = per layer the cheaper of the two by the engine's cost rule "
+        "(default); 'correct' = Eq. 8 from the source's softmax state; 'direct' = every row over its branch's own "
+        "K/V in one batched call (same result)",
     )
 
 
@@ -379,8 +380,9 @@ def cmd_bench_layer(args: argparse.Namespace) -> int:
             if not args.json:
                 print(
                     f"{shape:<18} f={f:<4} dense {res.dense_seconds * 1e3:8.2f} ms  folded "
-                    f"{res.folded_seconds * 1e3:8.2f} ms  ratio {res.ratio:.3f}  FLOP limit "
-                    f"{res.flop_limit_ratio:.3f}  ratio/limit {res.ratio / res.flop_limit_ratio:.3f}"
+                    f"{res.folded_seconds * 1e3:8.2f} ms  ratio {res.ratio:.3f}  rows limit "
+                    f"{res.rows_limit_ratio:.3f}  ratio/rows {res.ratio / res.rows_limit_ratio:.3f}  FLOP limit "
+                    f"{res.flop_limit_ratio:.3f}  attention {res.attention_plan}"
                 )
     if args.json:
         for row in rows[:-1]:
@@ -761,9 +763,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ffn-reuse", choices=["residual", "paper"], default="residual", help="specfold FFN reuse")
     p.add_argument(
         "--attention",
-        choices=["correct", "direct"],
-        default="correct",
-        help="specfold folded-row attention: Eq. 8 correction or direct (same result)",
+        choices=["auto", "correct", "direct"],
+        default="auto",
+        help="specfold folded-row attention: auto (cost rule, default), Eq. 8 correction or direct (same result)",
     )
     p.add_argument("--split", default="test", help="split of the tasks (default test)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")

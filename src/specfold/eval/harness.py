@@ -64,7 +64,7 @@ class MethodSpec:
     graph: str | None = None
     backend: str = "torch"
     ffn: str = "residual"
-    attention: str = "correct"
+    attention: str = "auto"
 
     @property
     def params(self) -> dict[str, Any]:
@@ -84,7 +84,7 @@ class MethodSpec:
             shown["backend"] = self.backend
         if self.name == "specfold" and self.ffn != "residual":
             shown["ffn"] = self.ffn
-        if self.name == "specfold" and self.attention != "correct":
+        if self.name == "specfold" and self.attention != "auto":
             shown["attention"] = self.attention
         return self.name + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
 
