@@ -125,7 +125,7 @@ def prepare_method(
     delta: float = 0.1,
     backend: str = "torch",
     ffn: str = "residual",
-    attention: str = "correct",
+    attention: str = "auto",
 ) -> Method:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -160,7 +160,7 @@ def generate(
     delta: float = 0.1,
     backend: str = "torch",
     ffn: str = "residual",
-    attention: str = "correct",
+    attention: str = "auto",
     chat: bool = True,
 ) -> GenerationResult:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result.

@@ -12,6 +12,8 @@ from specfold.engine.folded import FoldedVerifier
 from specfold.model.attention import attend
 from specfold.model.loading import load_checkpoint
 
+# The folding mechanics under test: fold wherever the gate says, without the cost rule's dense fallback.
+ALWAYS = {"cost": None, "dense_fallback": False}
 PARENTS = torch.tensor([-1, 0, 1, 2, 3, 0, 5, 1])  # a chain of depth 4 plus side branches
 N, PROMPT = 32, 13
 
@@ -80,7 +82,7 @@ def _fold_ratio(stats: dict[str, float]) -> float:
 def test_delta_zero_equals_dense(family, dtype, tol, fd_ckpt, nld_ckpt) -> None:
     net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, dtype)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
-    res = FoldedVerifier(net, 0.0).verify(cache, states, PARENTS)  # default ffn="residual"
+    res = FoldedVerifier(net, 0.0, **ALWAYS).verify(cache, states, PARENTS)  # default ffn="residual"
     assert _fold_ratio(res.stats) > 0.2 and res.stats["corrected_rows"] > 0  # Eq. 8 really ran
     err = (res.logits - dense).abs().max().item()
     assert err <= tol, err
@@ -89,7 +91,7 @@ def test_delta_zero_equals_dense(family, dtype, tol, fd_ckpt, nld_ckpt) -> None:
 def test_guard_fallback_is_exact(fd_ckpt) -> None:
     net, cache, states = _setup(fd_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
-    res = FoldedVerifier(net, 0.0, guard=1e-9).verify(cache, states, PARENTS)
+    res = FoldedVerifier(net, 0.0, guard=1e-9, **ALWAYS).verify(cache, states, PARENTS)
     assert res.stats["guard_fallbacks"] > 0
     assert (res.logits - dense).abs().max().item() <= 1e-9
 
@@ -98,7 +100,7 @@ def test_paper_ffn_reuse_is_not_exact_at_delta_zero(fd_ckpt) -> None:
     # why "residual" is the default: SPEC §4 step 6 reuses F on rows whose post-attention input changed
     net, cache, states = _setup(fd_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
-    res = FoldedVerifier(net, 0.0, ffn="paper").verify(cache, states, PARENTS)
+    res = FoldedVerifier(net, 0.0, ffn="paper", **ALWAYS).verify(cache, states, PARENTS)
     assert (res.logits - dense).abs().max().item() > 1e-3
 
 
@@ -108,7 +110,7 @@ def test_paper_ffn_reuse_is_not_exact_at_delta_zero(fd_ckpt) -> None:
 def test_matches_spec_semantics(family, delta, ffn, fd_ckpt, nld_ckpt) -> None:
     net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=1)
     ref_logits, ref_masks = _reference(net, cache, states, PARENTS, delta, ffn)
-    res, tr = FoldedVerifier(net, delta, ffn=ffn).run(cache, states, PARENTS, trace=True)
+    res, tr = FoldedVerifier(net, delta, ffn=ffn, **ALWAYS).run(cache, states, PARENTS, trace=True)
     for layer, want in zip(tr.layers, ref_masks, strict=True):
         assert torch.equal(layer.recompute, want)
     assert (res.logits - ref_logits).abs().max().item() <= 1e-9
@@ -119,7 +121,7 @@ def test_matches_spec_semantics(family, delta, ffn, fd_ckpt, nld_ckpt) -> None:
 @pytest.mark.parametrize("delta", [0.1, 0.3])
 def test_gate_and_inherited_entries(delta, nld_ckpt) -> None:
     net, cache, states = _setup(nld_ckpt, torch.float64, seed=2)
-    _, tr = FoldedVerifier(net, delta).run(cache, states, PARENTS, trace=True)
+    _, tr = FoldedVerifier(net, delta, **ALWAYS).run(cache, states, PARENTS, trace=True)
     for lt in tr.layers:
         h = lt.h
         par = PARENTS.clamp(min=0)
@@ -147,7 +149,7 @@ def test_gate_and_inherited_entries(delta, nld_ckpt) -> None:
 
 def test_statistics(fd_ckpt) -> None:
     net, cache, states = _setup(fd_ckpt, torch.float64)
-    res = FoldedVerifier(net, 0.2).verify(cache, states, PARENTS)
+    res = FoldedVerifier(net, 0.2, **ALWAYS).verify(cache, states, PARENTS)
     s = res.stats
     layers = net.cfg.num_layers
     k = len(PARENTS)
@@ -172,8 +174,8 @@ def test_rejects_unknown_backend(fd_ckpt) -> None:
 def test_direct_attention_mode_matches_the_correction(family, delta, fd_ckpt, nld_ckpt) -> None:
     # attention="direct" computes every row's attention over its branch's own K/V: the quantity Eq. 8 corrects to
     net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=3)
-    corrected = FoldedVerifier(net, delta).verify(cache, states, PARENTS)
-    direct = FoldedVerifier(net, delta, attention="direct").verify(cache, states, PARENTS)
+    corrected = FoldedVerifier(net, delta, **ALWAYS).verify(cache, states, PARENTS)
+    direct = FoldedVerifier(net, delta, attention="direct", **ALWAYS).verify(cache, states, PARENTS)
     assert direct.stats["folded_triples"] == corrected.stats["folded_triples"] > 0
     assert (direct.logits - corrected.logits).abs().max().item() <= 1e-9
     if delta == 0.0:

@@ -4,13 +4,17 @@ Dims: ``B`` draft branches, ``K = B + 1`` branches, ``N`` block length, ``P`` pr
 ``Hq``/``Hkv`` heads, ``D`` head dim, ``F`` FFN size, ``f`` fold ratio.
 
 Used by ``specfold bench layer``. One layer of a named shape gets random weights; every draft (branch, position)
-folds with probability ``f`` (the main branch never folds), drawn once before timing. *Dense* is one batched
-layer over all ``K`` branches (the same pieces as :meth:`DLLM.forward`); *folded* is
-:func:`~specfold.engine.folded.gate_and_compact` (ρ is computed and paid for, then the imposed mask replaces
-Eq. 5) followed by :func:`~specfold.engine.folded.folded_layer` (``backend="torch"``), or the same two steps on the
-Triton kernels (``backend="triton"``, :mod:`specfold.engine.triton_backend`); dense is always torch (cuBLAS/SDPA-
-style batched GEMMs). Both are timed side by side, interleaved, after a
-warm-up; the median and the spread (max − min) of the repeats are reported.
+folds with probability ``f`` (the main branch never folds), drawn once before timing. Three executions are timed
+side by side, interleaved (A B C A B C …), after a warm-up; the median and the spread (max − min) are reported:
+
+* *dense*: one batched layer over all ``K`` branches (the same pieces as :meth:`DLLM.forward`);
+* *folded*: :func:`~specfold.engine.folded.gate_and_compact` (ρ is computed and paid for, then the imposed mask
+  replaces Eq. 5) followed by :func:`~specfold.engine.folded.folded_layer` in the default engine settings (cost
+  rule on, attention ``auto``; the imposed mask governs the FFN too, ``ffn="paper"``), or the same two steps on the
+  Triton kernels (``backend="triton"``); dense is always torch;
+* *rows*: the measured limit — the same layer's arithmetic on the ``R`` recomputed rows packed contiguously
+  beforehand (QKV + attention + FFN on ``R`` rows, o_proj on all ``K·N`` rows, no gate, no gathers).
+  ``rows_limit_ratio = rows / dense`` is what a folded layer with free bookkeeping would take.
 
 FLOP limit (multiply-adds per row; ``R`` = recomputed rows = ``N + (1 − f̂)·B·N`` with ``f̂`` the realised fold
 ratio of the drawn mask)::
@@ -34,7 +38,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specfold.config import Family, ModelConfig, RopeConfig
-from specfold.engine.folded import BACKENDS, LayerContext, folded_layer, gate_and_compact
+from specfold.engine.cost import LayerCost, measure_machine
+from specfold.engine.folded import folded_layer, gate_and_compact
+from specfold.engine.layer_types import BACKENDS, FoldConfig, LayerContext
 from specfold.model.attention import attend
 from specfold.model.rope import Rotary
 from specfold.model.transformer import Layer
@@ -48,12 +54,14 @@ class LayerShape:
     head_dim: int
     ffn: int
     qkv_bias: bool
+    vocab: int
+    layers: int
 
 
 SHAPES: dict[str, LayerShape] = {
-    "fast-dllm-v2-1.5b": LayerShape(1536, 12, 2, 128, 8960, True),
-    "nld-3b": LayerShape(3072, 32, 8, 128, 9216, False),
-    "nld-8b": LayerShape(4096, 32, 8, 128, 12288, False),
+    "fast-dllm-v2-1.5b": LayerShape(1536, 12, 2, 128, 8960, True, 151936, 28),
+    "nld-3b": LayerShape(3072, 32, 8, 128, 9216, False, 131072, 26),
+    "nld-8b": LayerShape(4096, 32, 8, 128, 14336, False, 131072, 34),  # published NLD-8B config.json
 }
 
 
@@ -71,7 +79,10 @@ class LayerBenchResult:
     dense_spread: float  # max - min over repeats
     folded_spread: float
     ratio: float  # folded / dense
+    rows_limit_ratio: float  # rows / dense: the layer's arithmetic on the packed recomputed rows only
+    rows_seconds: float  # median
     flop_limit_ratio: float
+    attention_plan: str  # what the cost rule chose for the attention part (dense / direct / correct)
     repeats: int
     threads: int
 
@@ -84,15 +95,19 @@ def default_parents(branches: int) -> list[int]:
     return [-1] + [(i - 1) // 2 for i in range(1, branches + 1)]
 
 
-def make_layer(shape: LayerShape, dtype: torch.dtype, device: str, seed: int) -> Layer:
-    cfg = ModelConfig(
-        family=Family.FAST_DLLM_V2 if shape.qkv_bias else Family.NLD, model_type="bench", vocab_size=16,
-        hidden_size=shape.hidden, intermediate_size=shape.ffn, num_layers=1, num_heads=shape.heads,
+def model_config(shape: LayerShape, layers: int = 1, vocab: int = 16) -> ModelConfig:
+    """A model config of ``shape`` (plain RoPE, θ = 10⁶) with ``layers`` layers and ``vocab`` entries."""
+    return ModelConfig(
+        family=Family.FAST_DLLM_V2 if shape.qkv_bias else Family.NLD, model_type="bench", vocab_size=vocab,
+        hidden_size=shape.hidden, intermediate_size=shape.ffn, num_layers=layers, num_heads=shape.heads,
         num_kv_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=1e-6, max_position_embeddings=4096,
         qkv_bias=shape.qkv_bias, tie_word_embeddings=False, rope=RopeConfig(theta=1e6),
     )
+
+
+def make_layer(shape: LayerShape, dtype: torch.dtype, device: str, seed: int) -> Layer:
     gen = torch.Generator().manual_seed(seed)
-    layer = Layer(cfg)
+    layer = Layer(model_config(shape))
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * (p.shape[-1] ** -0.5 if p.ndim == 2 else 0.1) + (p.ndim == 1))
@@ -114,6 +129,28 @@ def dense_layer(
                 v.view(k, n, layer.hkv, layer.d), None, ctx.scale)
     h = h + layer.attn_out(st.o.to(h.dtype).reshape(k * n, layer.hq, layer.d))
     return h + layer.ffn(h)
+
+
+def rows_layer(
+    layer: Layer,
+    packed: torch.Tensor,  # [R, E] the recomputed rows' inputs, packed beforehand
+    cos: torch.Tensor,  # [R, D]
+    sin: torch.Tensor,  # [R, D]
+    scale: float,
+    prefix_k: torch.Tensor,  # [Hkv, P, D]
+    prefix_v: torch.Tensor,  # [Hkv, P, D]
+    o_all: torch.Tensor,  # [K*N, Hq*D] preallocated attention outputs of every row
+    n: int,
+) -> torch.Tensor:
+    """The rows limit: QKV, attention (over the prefix and ``N`` block keys) and FFN on the ``R`` packed rows,
+    o_proj on all ``K·N`` rows; no gate, no gathers. Returns ``[R, E]``."""
+    r = packed.shape[0]
+    q, kk, v = layer.qkv(packed, cos, sin, None)
+    st = attend(q.view(1, r, layer.hq, layer.d), prefix_k, prefix_v, kk[:n].view(1, n, layer.hkv, layer.d),
+                v[:n].view(1, n, layer.hkv, layer.d), None, scale)
+    o_all[:r] = st.o.to(o_all.dtype).view(r, -1)
+    h1 = packed + layer.attn_out(o_all.view(o_all.shape[0], layer.hq, layer.d))[:r]
+    return h1 + layer.ffn(h1)
 
 
 def flop_limit_ratio(
@@ -184,10 +221,13 @@ def _bench_layer(
     h = h.to(device=device, dtype=dtype).reshape(k * n, sh.hidden)
     fold = (torch.rand(k, n, generator=gen) < fold_ratio).to(device)
     fold[0] = False
+    recomputed = (~fold).reshape(-1).nonzero().squeeze(1)
     pk = torch.randn(sh.kv_heads, prefix, sh.head_dim, generator=gen).to(device=device, dtype=dtype)
     pv = torch.randn(sh.kv_heads, prefix, sh.head_dim, generator=gen).to(device=device, dtype=dtype)
     cos, sin, _ = Rotary(RopeConfig(theta=1e6), sh.head_dim).tables(torch.arange(prefix, prefix + n), dtype)
-    ctx = LayerContext(cos=cos.to(device), sin=sin.to(device), qscale=None, scale=sh.head_dim**-0.5)
+    ctx = LayerContext(cos=cos.to(device), sin=sin.to(device), qscale=None, scale=sh.head_dim**-0.5, parents=parents)
+    cfg = FoldConfig(delta=0.0, ffn="paper", backend=backend)  # the imposed mask governs the FFN too
+    cost = LayerCost.of(sh.hidden, sh.heads, sh.kv_heads, sh.head_dim, sh.ffn, measure_machine(device, dtype).op_macs)
 
     def run_dense() -> torch.Tensor:
         return dense_layer(layer, h, ctx, pk, pv, k)
@@ -199,7 +239,15 @@ def _bench_layer(
 
     def run_folded() -> torch.Tensor:
         plan = plan_fn(h.view(k, n, -1), parents, 0.0, fold=fold)
-        return layer_fn(layer, h, plan, ctx, pk, pv, ffn="paper")[0]  # the imposed mask governs the FFN too
+        return layer_fn(layer, h, plan, ctx, pk, pv, cfg, False, cost)[0]
+
+    packed = h[recomputed].contiguous()  # [R, E]
+    pos = recomputed % n
+    cos_r, sin_r = ctx.cos[pos].contiguous(), ctx.sin[pos].contiguous()
+    o_all = torch.zeros(k * n, sh.heads * sh.head_dim, dtype=dtype, device=device)
+
+    def run_rows() -> torch.Tensor:
+        return rows_layer(layer, packed, cos_r, sin_r, ctx.scale, pk, pv, o_all, n)
 
     cuda = torch.device(device).type == "cuda"
 
@@ -213,18 +261,21 @@ def _bench_layer(
         return time.perf_counter() - t0
 
     for _ in range(warmup):
-        run_dense(), run_folded()
-    dense_t, folded_t = [], []
-    for _ in range(repeats):  # interleaved so that background load hits both alike
+        run_dense(), run_folded(), run_rows()
+    dense_t, folded_t, rows_t = [], [], []
+    for _ in range(repeats):  # interleaved so that background load hits all three alike
         dense_t.append(timed(run_dense))
         folded_t.append(timed(run_folded))
+        rows_t.append(timed(run_rows))
 
     plan = gate_and_compact(h.view(k, n, -1), parents, 0.0, fold=fold)
     limit = flop_limit_ratio(sh, k, n, prefix, plan.rows.numel(), plan.delta.sum(dim=1))
-    d_med, f_med = statistics.median(dense_t), statistics.median(folded_t)
+    chosen = cost.attention_plan(k * n, n, prefix, plan.rows.numel(), plan.corrected.numel())
+    d_med, f_med, r_med = statistics.median(dense_t), statistics.median(folded_t), statistics.median(rows_t)
     return LayerBenchResult(
         shape=shape, fold_ratio=fold_ratio, realised_fold_ratio=float(fold[1:].float().mean()), branches=branches,
         block=block, prefix=prefix, dtype=str(dtype).removeprefix("torch."), dense_seconds=d_med,
         folded_seconds=f_med, dense_spread=max(dense_t) - min(dense_t), folded_spread=max(folded_t) - min(folded_t),
-        ratio=f_med / d_med, flop_limit_ratio=limit, repeats=repeats, threads=torch.get_num_threads(),
+        ratio=f_med / d_med, rows_limit_ratio=r_med / d_med, rows_seconds=r_med, flop_limit_ratio=limit,
+        attention_plan=chosen if backend == "torch" else "correct", repeats=repeats, threads=torch.get_num_threads(),
     )

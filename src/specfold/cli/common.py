@@ -176,10 +176,11 @@ def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
     )
     g.add_argument(
         "--attention",
-        choices=["correct", "direct"],
-        default="correct",
-        help="specfold folded-row attention: 'correct' = Eq. 8 from the source's softmax state (default); "
-        "'direct' = every row over its branch's own K/V in one batched call (same result; cheaper for small models)",
+        choices=["auto", "correct", "direct"],
+        default="auto",
+        help="specfold folded-row attention: 'auto' = per layer the cheaper of the two by the engine's cost rule "
+        "(default); 'correct' = Eq. 8 from the source's softmax state; 'direct' = every row over its branch's own "
+        "K/V in one batched call (same result)",
     )
 
 

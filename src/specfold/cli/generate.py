@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             from specfold.engine.base import fold_ratio
 
             out["fold_ratio"] = fold_ratio(result.engine_stats)
+            out["ffn_fold_ratio"] = fold_ratio(result.engine_stats, "ffn")
         print(json.dumps(out))
     else:
         print(result.text if result.text is not None else " ".join(map(str, result.token_ids)))

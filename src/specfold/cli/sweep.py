@@ -47,9 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ffn-reuse", choices=["residual", "paper"], default="residual", help="specfold FFN reuse")
     p.add_argument(
         "--attention",
-        choices=["correct", "direct"],
-        default="correct",
-        help="specfold folded-row attention: Eq. 8 correction or direct (same result)",
+        choices=["auto", "correct", "direct"],
+        default="auto",
+        help="specfold folded-row attention: auto (cost rule, default), Eq. 8 correction or direct (same result)",
     )
     p.add_argument("--split", default="test", help="split of the tasks (default test)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")

@@ -33,7 +33,11 @@ class Verifier(Protocol):
     ) -> VerifyResult: ...
 
 
-def fold_ratio(stats: dict[str, float]) -> float | None:
-    """Folded ÷ draft (branch, position, layer) triples of summed verifier stats; None when nothing was drafted."""
+def fold_ratio(stats: dict[str, float], gate: str = "attention") -> float | None:
+    """Folded ÷ draft (branch, position, layer) triples of summed verifier stats, at the layer-input (attention)
+    gate or, with ``gate="ffn"``, at the FFN gate; None when nothing was drafted."""
+    if gate not in ("attention", "ffn"):
+        raise ValueError(f"unknown gate {gate!r}; available: attention, ffn")
     draft = stats.get("draft_triples", 0.0)
-    return stats.get("folded_triples", 0.0) / draft if draft else None
+    key = "folded_triples" if gate == "attention" else "ffn_folded_triples"
+    return stats.get(key, 0.0) / draft if draft else None

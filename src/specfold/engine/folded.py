@@ -36,28 +36,34 @@ FFN reuse — two modes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from specfold.engine.attention_rows import attend_rows
 from specfold.engine.base import VerifyResult
-from specfold.engine.correction import DEFAULT_GUARD, correct_rows
+from specfold.engine.correction import correct_rows
+from specfold.engine.cost import LayerCost, measure_machine
 from specfold.engine.gate import branch_depths, fold_mask, relative_residual, resolve_sources
+from specfold.engine.layer_types import FoldConfig, FoldTrace, LayerContext, LayerCounts, LayerTrace
 from specfold.model.attention import attend
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM, Layer
 
-BACKENDS = ("torch", "triton")  # "triton": specfold.engine.triton_backend, imported only when chosen
-FFN_MODES = ("residual", "paper")
-ATTENTION_MODES = ("correct", "direct")  # Eq. 8 for folded rows, or every row's attention computed directly
+PARTS = ("gate", "packing", "qkv", "attention", "correction", "o_proj", "ffn", "head")
+
+
+def part(name: str) -> torch.profiler.record_function:
+    """A profiler range named ``specfold::<name>`` (one of :data:`PARTS`), which ``specfold bench pass`` sums into
+    its per-part breakdown; outside a profile it costs about a microsecond."""
+    return torch.profiler.record_function(f"specfold::{name}")
 
 
 @dataclass
 class FoldPlan:
     """One layer's gate decisions and packing (all index tensors on the model's device)."""
 
-    rho: torch.Tensor  # [K, N] Eq. 4 (row 0 = inf)
+    rho: torch.Tensor  # [K, N] Eq. 4 (roots = inf)
     recompute: torch.Tensor  # [K, N] bool, complement of Eq. 5's folded set
     src: torch.Tensor  # [K, N] long: branch whose Q/K/V (and F) row (i, n) holds
     rows: torch.Tensor  # [R] long: flat (branch·N + position) of the recomputed rows, in pool order
@@ -69,72 +75,40 @@ class FoldPlan:
     out_index: torch.Tensor  # [K*N] long: row of the packed (recomputed ++ corrected) outputs each row takes
 
 
-@dataclass
-class LayerContext:
-    """What every layer step shares: RoPE tables for the block positions, the prefix, the score scale."""
-
-    cos: torch.Tensor  # [N, D]
-    sin: torch.Tensor  # [N, D]
-    qscale: torch.Tensor | None  # [N]
-    scale: float
-
-
-@dataclass
-class LayerTrace:
-    """Per-layer tables of one pass, for tests (``trace=True``); every table is ``[K, N, ...]``."""
-
-    h: torch.Tensor  # [K, N, E] layer input
-    rho: torch.Tensor  # [K, N]
-    recompute: torch.Tensor  # [K, N] bool
-    src: torch.Tensor  # [K, N] long
-    q: torch.Tensor  # [K, N, Hq, D]
-    k: torch.Tensor  # [K, N, Hkv, D]
-    v: torch.Tensor  # [K, N, Hkv, D]
-    o: torch.Tensor  # [K, N, Hq, D] attention output (acc dtype)
-    f: torch.Tensor  # [K, N, E] FFN output table
-    flagged: torch.Tensor  # [G] long: flat index of rows the guard sent to direct attention
-    h1: torch.Tensor  # [K, N, E] post-attention residual (the FFN's input)
-    ffn_recompute: torch.Tensor  # [K, N] bool: rows whose FFN ran
-
-
-@dataclass
-class LayerCounts:
-    folded: torch.Tensor  # [K] folded positions per branch (tensor: no device sync in the layer loop)
-    guard: torch.Tensor  # [] guard fallbacks
-    recomputed: int
-    corrected: int
-    ffn_folded: torch.Tensor  # [] rows that reused an ancestor's FFN output
-
-
-@dataclass
-class FoldTrace:
-    layers: list[LayerTrace] = field(default_factory=list)
-
-
 def gate_and_compact(
     h: torch.Tensor,  # [K, N, E] layer input of every branch
-    parents: torch.Tensor,  # [K] long, on h's device
+    parents: torch.Tensor,  # [K] long, on h's device; -1 for a root
     delta: float,
     fold: torch.Tensor | None = None,  # [K, N] bool: use these decisions instead of Eq. 5 (benchmarks)
 ) -> FoldPlan:
     """Gate (Eq. 4/5), source resolution and compaction of one layer. ``fold`` still pays for computing ρ, so a
     benchmark that imposes a fold ratio times the same work."""
-    k, n, _ = h.shape
-    rho = relative_residual(h, parents)
-    folded = fold_mask(rho, delta) if fold is None else fold.clone()
-    folded[0] = False
-    recompute = ~folded
+    with part("gate"):
+        rho = relative_residual(h, parents)
+        if fold is None:
+            folded = fold_mask(rho, delta, parents)
+        else:  # imposed decisions; a root still never folds
+            folded = fold & (parents >= 0).to(fold.device)[:, None]
+    with part("packing"):
+        return plan_from_recompute(rho, ~folded, parents)
+
+
+def plan_from_recompute(
+    rho: torch.Tensor,  # [K, N]
+    recompute: torch.Tensor,  # [K, N] bool, roots all True
+    parents: torch.Tensor,  # [K] long
+) -> FoldPlan:
+    """Source resolution and compaction of given recompute decisions (:func:`gate_and_compact` after the gate)."""
+    n = recompute.shape[1]
     src, rows, table = pool_index(recompute, parents)
-    flat = recompute.reshape(-1)
-    fold_rows = (~flat).nonzero().squeeze(1)
-    table_flat = table.reshape(-1)
+    fold_rows = (~recompute.reshape(-1)).nonzero().squeeze(1)
     branch_rows = table[fold_rows // n]
     source_rows = table[src.reshape(-1)[fold_rows]]
     dmask = branch_rows != source_rows
     changed = dmask.any(dim=1)
     corrected = fold_rows[changed]
-    out_index = table_flat.clone()
-    out_index[corrected] = rows.numel() + torch.arange(corrected.numel(), device=h.device)
+    out_index = table.reshape(-1).clone()
+    out_index[corrected] = rows.numel() + torch.arange(corrected.numel(), device=recompute.device)
     return FoldPlan(
         rho=rho, recompute=recompute, src=src, rows=rows, table=table, corrected=corrected,
         branch_rows=branch_rows[changed], source_rows=source_rows[changed], delta=dmask[changed],
@@ -142,8 +116,22 @@ def gate_and_compact(
     )
 
 
+def dense_plan(rho: torch.Tensor) -> FoldPlan:  # rho: [K, N]
+    """The plan of a layer that recomputes every row (the cost rule's dense fallback)."""
+    k, n = rho.shape
+    dev = rho.device
+    flat = torch.arange(k * n, device=dev)
+    empty = flat[:0]
+    return FoldPlan(
+        rho=rho, recompute=torch.ones(k, n, dtype=torch.bool, device=dev),
+        src=torch.arange(k, device=dev)[:, None].expand(k, n), rows=flat, table=flat.view(k, n), corrected=empty,
+        branch_rows=empty.view(0, n), source_rows=empty.view(0, n),
+        delta=torch.zeros(0, n, dtype=torch.bool, device=dev), out_index=flat,
+    )
+
+
 def pool_index(
-    recompute: torch.Tensor,  # [K, N] bool, row 0 all True
+    recompute: torch.Tensor,  # [K, N] bool, roots all True
     parents: torch.Tensor,  # [K] long
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Source resolution + compaction: ``src [K, N]`` (nearest recomputing ancestor), the packed recomputed rows
@@ -177,6 +165,20 @@ def ffn_rows(
     return layer.ffn(h[rows])
 
 
+@dataclass
+class _Attention:
+    """What the attention part of a layer hands to the FFN part and to the trace."""
+
+    h1: torch.Tensor  # [K*N, E] post-attention residual
+    q: torch.Tensor  # [K, N, Hq, D] each row's (possibly inherited) query
+    k: torch.Tensor  # [K, N, Hkv, D] each branch's block keys
+    v: torch.Tensor  # [K, N, Hkv, D]
+    o: torch.Tensor  # [K, N, Hq, D] attention output (acc dtype)
+    flagged: torch.Tensor  # [G] long: rows the guard sent to direct attention
+    guard: torch.Tensor  # [] number of those rows
+    corrected: int
+
+
 def folded_layer(
     layer: Layer,
     h: torch.Tensor,  # [K*N, E] layer input (model dtype)
@@ -184,140 +186,164 @@ def folded_layer(
     ctx: LayerContext,
     prefix_k: torch.Tensor | None,  # [Hkv, P, D]
     prefix_v: torch.Tensor | None,  # [Hkv, P, D]
-    guard: float = DEFAULT_GUARD,
-    ffn: str = "residual",
+    cfg: FoldConfig,
     trace: bool = False,
-    parents: torch.Tensor | None = None,  # [K] long, needed by ffn="residual"
-    delta: float = 0.0,
-    attention: str = "correct",
+    cost: LayerCost | None = None,
 ) -> tuple[torch.Tensor, LayerCounts, LayerTrace | None]:
     """One SpecFold layer (SPEC §4 steps 2–6) given the layer's plan. Returns ``H_next [K*N, E]``.
 
-    ``attention="direct"`` computes every row's attention directly over its branch's own (partly inherited) K/V
-    in one batched call instead of correcting folded rows with Eq. 8 — the same result, exact; cheaper when the
-    attention is a small share of the layer (short prefix, small model), where Eq. 8's bookkeeping costs more
-    than the arithmetic it saves."""
+    The attention part runs as ``cfg.attention`` says: ``"correct"`` (Eq. 8 for folded rows whose context
+    changed), ``"direct"`` (every row's attention computed directly over its branch's own, partly inherited K/V in
+    one batched call — the same result, cheaper when attention is a small share of the layer) or ``"auto"``: the
+    cheaper of the two by ``cost`` (:mod:`specfold.engine.cost`), or a dense attention part when even that does not
+    pay (``cfg.dense_fallback``). The FFN part gets the same choice, made after its own gate."""
     k, n = plan.recompute.shape
-    rows, corrected, table = plan.rows, plan.corrected, plan.table
-    r = rows.numel()
-    q, kk, vv = qkv_rows(layer, h, rows, ctx)  # the layer's Q/K/V pools
-    k_tab, v_tab = kk[table], vv[table]  # [K, N, Hkv, D] each branch's block K/V
-    if attention == "direct":
-        return _direct_attention_layer(layer, h, plan, ctx, prefix_k, prefix_v, q, k_tab, v_tab, ffn, trace,
-                                       parents, delta)
-    state = attend_rows(q, rows, prefix_k, prefix_v, k_tab, v_tab, ctx.scale)
-
-    src_slot = table.reshape(-1)[corrected]  # [C] pool row of each corrected row's source
-    q_c = q[src_slot]
-    fix = correct_rows(
-        q_c, state.m[src_slot], state.z[src_slot], state.o[src_slot], kk, vv,
-        plan.branch_rows, plan.source_rows, plan.delta, ctx.scale, guard,
-    )
-    o_c = fix.o
-    hit = fix.flagged.nonzero().squeeze(1)  # [G] guard fallbacks, recomputed by direct attention
-    flagged = corrected[hit]
-    if hit.numel():
-        direct = attend_rows(q_c[hit], flagged, prefix_k, prefix_v, k_tab, v_tab, ctx.scale)
-        o_c = o_c.index_copy(0, hit, direct.o)
-
-    o_all = torch.cat([state.o, o_c]).to(h.dtype)  # [R + C, Hq, D]
-    attn = layer.attn_out(o_all)  # NOTE: o_proj skips folded rows with Δ = ∅ (their W_o·O is the source's)
-    h1 = h + attn[plan.out_index]
-    h2, f_tab, ffn_recompute = _ffn_step(layer, h1, plan, ffn, parents, delta)
-
+    m, r, c = k * n, plan.rows.numel(), plan.corrected.numel()
+    mode = cfg.attention
+    if cost is not None:
+        options = ("direct", "correct") if mode == "auto" else (mode,)
+        prefix = 0 if prefix_k is None else prefix_k.shape[1]
+        mode = cost.attention_plan(m, n, prefix, r, c, options + (("dense",) if cfg.dense_fallback else ()))
+    elif mode == "auto":  # no cost rule: Eq. 8
+        mode = "correct"
+    if mode == "dense" and r < m:
+        plan = dense_plan(plan.rho)
+    if plan.rows.numel() == m or mode == "direct":
+        att = _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v)
+    else:
+        att = _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, cfg.guard)
+    h2, f_tab, ffn_recompute = _ffn_step(layer, att.h1, plan, ctx, cfg, cost)
     counts = LayerCounts(
-        folded=(~plan.recompute).sum(dim=1), guard=fix.flagged.sum(), recomputed=r, corrected=corrected.numel(),
-        ffn_folded=(~ffn_recompute).sum(),
+        folded=(~plan.recompute).sum(dim=1), ffn_folded=(~ffn_recompute).sum(), guard=att.guard,
+        recomputed=torch.tensor(plan.rows.numel()), corrected=torch.tensor(att.corrected),
+        dense=plan.rows.numel() == m,
     )
     info = None
     if trace:
-        o_tab = torch.cat([state.o, o_c])[plan.out_index].view(k, n, *state.o.shape[1:])
         info = LayerTrace(
-            h=h.view(k, n, -1).clone(), rho=plan.rho, recompute=plan.recompute, src=plan.src,
-            q=q[table], k=k_tab, v=v_tab, o=o_tab, f=f_tab.view(k, n, -1), flagged=flagged,
-            h1=h1.view(k, n, -1).clone(), ffn_recompute=ffn_recompute,
+            h=h.view(k, n, -1).clone(), rho=plan.rho, recompute=plan.recompute, src=plan.src, q=att.q, k=att.k,
+            v=att.v, o=att.o, f=f_tab.view(k, n, -1), flagged=att.flagged, h1=att.h1.view(k, n, -1).clone(),
+            ffn_recompute=ffn_recompute,
         )
     return h2, counts, info
+
+
+def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
+    """Every row's attention computed directly over its branch's own (partly inherited) block K/V."""
+    k, n = plan.recompute.shape
+    with part("qkv"):
+        q, kk, vv = qkv_rows(layer, h, plan.rows, ctx)
+    if plan.rows.numel() == k * n:  # dense: the pool is the table
+        q_tab, k_tab, v_tab = q.view(k, n, *q.shape[1:]), kk.view(k, n, *kk.shape[1:]), vv.view(k, n, *vv.shape[1:])
+    else:
+        with part("packing"):
+            q_tab, k_tab, v_tab = q[plan.table], kk[plan.table], vv[plan.table]
+    with part("attention"):
+        state = attend(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale)
+    with part("o_proj"):
+        h1 = h + layer.attn_out(state.o.to(h.dtype).reshape(k * n, *q.shape[1:]))
+    zero = torch.zeros((), dtype=torch.long, device=h.device)
+    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=state.o, flagged=zero[None][:0], guard=zero, corrected=0)
+
+
+def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) -> _Attention:
+    """Direct attention for recomputed rows, Eq. 8 for folded rows whose context changed (guarded), and the
+    o_proj GEMM on those rows only: a folded row with Δ = ∅ has exactly its source's ``O``, hence its ``W_o·O``."""
+    k, n = plan.recompute.shape
+    rows, corrected, table = plan.rows, plan.corrected, plan.table
+    with part("qkv"):
+        q, kk, vv = qkv_rows(layer, h, rows, ctx)  # the layer's Q/K/V pools
+    with part("packing"):
+        k_tab, v_tab = kk[table], vv[table]  # [K, N, Hkv, D] each branch's block K/V
+    with part("attention"):
+        state = attend_rows(q, rows, prefix_k, prefix_v, k_tab, v_tab, ctx.scale)
+    with part("correction"):
+        src_slot = table.reshape(-1)[corrected]  # [C] pool row of each corrected row's source
+        q_c = q[src_slot]
+        fix = correct_rows(
+            q_c, state.m[src_slot], state.z[src_slot], state.o[src_slot], kk, vv,
+            plan.branch_rows, plan.source_rows, plan.delta, ctx.scale, guard,
+        )
+        o_c = fix.o
+        hit = fix.flagged.nonzero().squeeze(1)  # [G] guard fallbacks, recomputed by direct attention
+        flagged = corrected[hit]
+        if hit.numel():
+            direct = attend_rows(q_c[hit], flagged, prefix_k, prefix_v, k_tab, v_tab, ctx.scale)
+            o_c = o_c.index_copy(0, hit, direct.o)
+        o_all = torch.cat([state.o, o_c])  # [R + C, Hq, D]
+    with part("o_proj"):
+        attn = layer.attn_out(o_all.to(h.dtype))
+    with part("packing"):
+        h1 = h + attn[plan.out_index]
+        o_tab = o_all[plan.out_index].view(k, n, *state.o.shape[1:])
+    return _Attention(h1=h1, q=q[table], k=k_tab, v=v_tab, o=o_tab, flagged=flagged, guard=fix.flagged.sum(),
+                      corrected=corrected.numel())
 
 
 def _ffn_step(
     layer: Layer,
     h1: torch.Tensor,  # [K*N, E] post-attention residual
     plan: FoldPlan,
-    ffn: str,
-    parents: torch.Tensor | None,  # [K]
-    delta: float,
+    ctx: LayerContext,
+    cfg: FoldConfig,
+    cost: LayerCost | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """SPEC §4 step 6 with the chosen FFN gate. Returns ``H_next [K*N, E]``, the FFN table ``[K*N, E]`` and the
     FFN's recompute mask ``[K, N]``."""
     k, n = plan.recompute.shape
-    if ffn == "residual":
-        ffn_recompute = ~fold_mask(relative_residual(h1.view(k, n, -1), parents), delta)
-        _, ff_rows, ff_table = pool_index(ffn_recompute, parents)
-    else:
-        ffn_recompute, ff_rows, ff_table = plan.recompute, plan.rows, plan.table
-    f_tab = ffn_rows(layer, h1, ff_rows)[ff_table.reshape(-1)]
-    return h1 + f_tab, f_tab, ffn_recompute
-
-
-def _direct_attention_layer(layer, h, plan, ctx, prefix_k, prefix_v, q, k_tab, v_tab, ffn, trace, parents, delta):
-    """:func:`folded_layer` with ``attention="direct"`` (same arguments and results)."""
-    k, n = plan.recompute.shape
-    q_tab = q[plan.table]  # [K, N, Hq, D] each row's (possibly inherited) query
-    state = attend(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale)
-    h1 = h + layer.attn_out(state.o.to(h.dtype).reshape(k * n, *q.shape[1:]))
-    h2, f_tab, ffn_recompute = _ffn_step(layer, h1, plan, ffn, parents, delta)
-    zero = torch.zeros((), dtype=torch.long, device=h.device)
-    counts = LayerCounts(
-        folded=(~plan.recompute).sum(dim=1), guard=zero, recomputed=plan.rows.numel(), corrected=0,
-        ffn_folded=(~ffn_recompute).sum(),
-    )
-    info = None
-    if trace:
-        info = LayerTrace(
-            h=h.view(k, n, -1).clone(), rho=plan.rho, recompute=plan.recompute, src=plan.src, q=q_tab, k=k_tab,
-            v=v_tab, o=state.o, f=f_tab.view(k, n, -1), flagged=zero[None][:0], h1=h1.view(k, n, -1).clone(),
-            ffn_recompute=ffn_recompute,
-        )
-    return h2, counts, info
+    with part("gate"):
+        if cfg.ffn == "residual":
+            ffn_recompute = ~fold_mask(relative_residual(h1.view(k, n, -1), ctx.parents), cfg.delta, ctx.parents)
+        else:
+            ffn_recompute = plan.recompute
+        r_ffn = int(ffn_recompute.sum())
+    if r_ffn == k * n or (cfg.dense_fallback and cost is not None and not cost.ffn_folds(k * n, r_ffn)):
+        with part("ffn"):
+            f_tab = layer.ffn(h1)
+            return h1 + f_tab, f_tab, torch.ones_like(ffn_recompute)
+    with part("packing"):
+        if ffn_recompute is plan.recompute:
+            ff_rows, ff_table = plan.rows, plan.table
+        else:
+            _, ff_rows, ff_table = pool_index(ffn_recompute, ctx.parents)
+    with part("ffn"):
+        f_pool = ffn_rows(layer, h1, ff_rows)
+    with part("packing"):
+        f_tab = f_pool[ff_table.reshape(-1)]
+        return h1 + f_tab, f_tab, ffn_recompute
 
 
 class FoldedVerifier:
     """SpecFold verification behind the :class:`~specfold.engine.base.Verifier` interface.
 
-    ``delta`` is the recompute threshold δ of Eq. 5; ``guard`` the cancellation-guard fraction of
-    :mod:`specfold.engine.correction`; ``ffn`` ``"residual"`` (default, exact at δ = 0) or ``"paper"`` (SPEC §4
-    step 6 literally; see the module docstring). ``backend="triton"`` runs each layer on the Triton kernels
-    (:mod:`specfold.engine.triton_backend`, imported only then; fp32/bf16/fp16 models)."""
+    Settings are a :class:`~specfold.engine.layer_types.FoldConfig` (``cfg``) or its fields as keywords.
+    ``backend="triton"`` runs each layer on the Triton kernels (:mod:`specfold.engine.triton_backend`, imported
+    only then; fp32/bf16/fp16 models). ``cost`` is the per-layer cost rule (default: measured on this machine for
+    the model's device and dtype, see :mod:`specfold.engine.cost`); ``cost=None`` with ``dense_fallback=False``
+    and an explicit attention mode folds unconditionally."""
 
     def __init__(
-        self,
-        net: DLLM,
-        delta: float,
-        backend: str = "torch",
-        guard: float = DEFAULT_GUARD,
-        ffn: str = "residual",
-        attention: str = "correct",
+        self, net: DLLM, delta: float = 0.1, *, cfg: FoldConfig | None = None, cost: LayerCost | str | None = "auto",
+        **settings,
     ) -> None:
-        if attention not in ATTENTION_MODES:
-            raise ValueError(f"unknown attention mode {attention!r}; available: {', '.join(ATTENTION_MODES)}")
-        if attention != "correct" and backend == "triton":
-            raise ValueError("the triton backend implements attention='correct' (the Eq. 8 kernel)")
-        self.attention = attention
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown folded backend {backend!r}; available: {', '.join(BACKENDS)}")
-        if ffn not in FFN_MODES:
-            raise ValueError(f"unknown ffn mode {ffn!r}; available: {', '.join(FFN_MODES)}")
-        if not 0.0 < guard <= 1.0:
-            raise ValueError(f"guard must be in (0, 1], got {guard}")
-        if backend == "triton":
+        cfg = cfg if cfg is not None else FoldConfig(delta=delta, **settings)
+        if cfg.backend == "triton":
             if net.dtype not in (torch.float32, torch.bfloat16, torch.float16):
                 raise ValueError(f"the triton backend runs fp32/bf16/fp16 models, got {net.dtype}")
             try:
                 import specfold.engine.triton_backend  # noqa: F401  (lazy: torch paths never import triton)
             except ImportError as err:
                 raise ImportError("backend='triton' needs Triton: pip install 'specfold[triton]'") from err
-        self.net, self.delta, self.backend, self.guard, self.ffn = net, float(delta), backend, guard, ffn
+        if cost == "auto":
+            c = net.cfg
+            machine = measure_machine(net.device, net.dtype)
+            cost = LayerCost.of(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                machine.op_macs)
+        self.net, self.cfg, self.cost = net, cfg, cost
+
+    @property
+    def delta(self) -> float:
+        return self.cfg.delta
 
     @torch.no_grad()
     def verify(
@@ -344,44 +370,50 @@ class FoldedVerifier:
             raise ValueError(f"parents must be -1 for row 0 and in [0, k) for row k; got {parent_list}")
         par = torch.as_tensor(parent_list, dtype=torch.long, device=net.device)
         cos, sin, qscale = net.rope_tables(cache.length, n)
-        ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale)
+        ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par)
         h = torch.nn.functional.embedding(states.reshape(-1).to(net.device), net.embed)  # [K*N, E]
         counts: list[LayerCounts] = []
         out = FoldTrace() if trace else None
         plan_fn, layer_fn = gate_and_compact, folded_layer
-        if self.backend == "triton":
+        if self.cfg.backend == "triton":
             from specfold.engine.triton_backend import folded_layer_triton as layer_fn
             from specfold.engine.triton_backend import plan_layer as plan_fn
         for i, layer in enumerate(net.layers):
-            plan = plan_fn(h.view(k, n, -1), par, self.delta)
+            plan = plan_fn(h.view(k, n, -1), par, self.cfg.delta)
             pk, pv = cache.layer(i)
-            extra = {} if self.backend == "triton" else {"attention": self.attention}
-            h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.guard, self.ffn, trace, par, self.delta, **extra)
+            h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.cfg, trace, self.cost)
             counts.append(c)
             if out is not None:
                 out.layers.append(info)
-        logits = net.position_logits(net.logits(h).view(k, n, -1))
+        with part("head"):
+            logits = net.position_logits(net.logits(h).view(k, n, -1))
         return VerifyResult(logits, fold_stats(counts, parent_list, n)), out
 
 
 def fold_stats(counts: list[LayerCounts], parents: list[int], n: int) -> dict[str, float]:
-    """Counts of (branch ≥ 1, position, layer) triples, summed by layer and by graph depth (one device sync)."""
+    """Counts of (branch ≥ 1, position, layer) triples, summed by layer and by graph depth (one device sync).
+
+    ``folded_triples`` are folded at the attention gate (inherited Q/K/V), ``ffn_folded_triples`` at the FFN gate
+    (inherited FFN output); ``dense_layers`` ran densely by the cost rule."""
     k = len(parents)
     depth = branch_depths(parents)
-    folded = torch.stack([c.folded for c in counts]).tolist()  # [L][K]
-    guards = torch.stack([c.guard for c in counts]).tolist()
-    ffn_folded = torch.stack([c.ffn_folded for c in counts]).tolist()
-    stats: dict[str, float] = {"rows": float(k * n), "draft_triples": 0.0, "folded_triples": 0.0}
-    for layer, per_branch in enumerate(folded):
+    per_layer = torch.stack([torch.cat([c.folded, torch.stack([c.ffn_folded, c.guard, c.recomputed, c.corrected])])
+                             for c in counts]).tolist()  # [L][K + 4]
+    stats: dict[str, float] = {"rows": float(k * n), "draft_triples": float((k - 1) * n * len(counts))}
+    totals = {"folded_triples": 0.0, "ffn_folded_triples": 0.0, "guard_fallbacks": 0.0, "corrected_rows": 0.0}
+    for layer, row in enumerate(per_layer):
+        per_branch, (ffn_folded, guards, recomputed, corrected) = row[:k], row[k:]
         stats[f"folded_l{layer}"] = float(sum(per_branch))
         stats[f"draft_l{layer}"] = float((k - 1) * n)
-        stats[f"recomputed_rows_l{layer}"] = float(counts[layer].recomputed)
+        stats[f"recomputed_rows_l{layer}"] = float(recomputed)
         for b in range(1, k):
             stats[f"folded_d{depth[b]}"] = stats.get(f"folded_d{depth[b]}", 0.0) + per_branch[b]
             stats[f"draft_d{depth[b]}"] = stats.get(f"draft_d{depth[b]}", 0.0) + n
-    stats["folded_triples"] = float(sum(sum(p) for p in folded))
-    stats["draft_triples"] = float((k - 1) * n * len(counts))
-    stats["guard_fallbacks"] = float(sum(guards))
-    stats["ffn_folded_triples"] = float(sum(ffn_folded))
-    stats["corrected_rows"] = float(sum(c.corrected for c in counts))
+        totals["folded_triples"] += sum(per_branch)
+        totals["ffn_folded_triples"] += ffn_folded
+        totals["guard_fallbacks"] += guards
+        totals["corrected_rows"] += corrected
+    stats.update({key: float(v) for key, v in totals.items()})
+    stats["dense_layers"] = float(sum(c.dense for c in counts))
+    stats["layers"] = float(len(counts))
     return stats

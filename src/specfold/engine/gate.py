@@ -20,9 +20,9 @@ import torch
 
 def relative_residual(
     h: torch.Tensor,  # [K, N, E] layer input of every branch
-    parents: torch.Tensor,  # [K] long, parents[0] = -1
+    parents: torch.Tensor,  # [K] long, -1 for a root (a main branch)
 ) -> torch.Tensor:
-    """Eq. 4. Returns ρ ``[K, N]`` (fp32; fp64 for fp64 models); row 0 (main) is ``+inf`` (always recompute).
+    """Eq. 4. Returns ρ ``[K, N]`` (fp32; fp64 for fp64 models); a root (main) row is ``+inf`` (always recompute).
 
     A row identical to its parent's has ρ = 0 and any other row ρ > 0; a zero-norm parent row gives ``+inf`` unless
     the child equals it (the ratio is undefined there)."""
@@ -39,15 +39,18 @@ def relative_residual(
     tiny = torch.finfo(acc).tiny
     rho = torch.where(den == 0, math.inf, (num / den).clamp(min=tiny))
     rho = torch.where(identical, 0.0, rho)
-    rho[0] = math.inf
-    return rho
+    return rho.masked_fill((parents < 0).to(h.device)[:, None], math.inf)
 
 
-def fold_mask(rho: torch.Tensor, delta: float) -> torch.Tensor:
-    """Eq. 5. rho: ``[K, N]``. Returns folded ``[K, N]`` bool (ρ ≤ δ); the main row never folds."""
-    folded = rho <= delta
-    folded[0] = False
-    return folded
+def fold_mask(rho: torch.Tensor, delta: float, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 5. rho: ``[K, N]``; parents ``[K]`` (-1 for a root; default: row 0 is the only root). Returns folded
+    ``[K, N]`` bool (ρ ≤ δ); a root never folds."""
+    roots = torch.zeros(rho.shape[0], dtype=torch.bool, device=rho.device)
+    if parents is None:
+        roots[0] = True
+    else:
+        roots = (parents < 0).to(rho.device)
+    return (rho <= delta) & ~roots[:, None]
 
 
 def depth_steps(branches: int) -> int:
@@ -56,14 +59,14 @@ def depth_steps(branches: int) -> int:
 
 
 def resolve_sources(
-    recompute: torch.Tensor,  # [K, N] bool, row 0 all True
-    parents: torch.Tensor,  # [K] long, parents[0] = -1
+    recompute: torch.Tensor,  # [K, N] bool, roots all True
+    parents: torch.Tensor,  # [K] long, -1 for a root
 ) -> torch.Tensor:
     """Nearest ancestor (self included) in which each position is recomputed. Returns src ``[K, N]`` long.
 
     One hop is ``next[i,n] = i`` if recomputed else ``par(i)``; pointer jumping (``ptr ← ptr[ptr]``) doubles the
     walked distance per round, so ``⌈log2 K⌉`` rounds reach the root of every chain — a loop over graph depth,
-    never over rows. Requires ``recompute[0]`` all True (the main branch is every chain's end)."""
+    never over rows. Requires every root's row all True (a main branch is every chain's end)."""
     k, n = recompute.shape
     rows = torch.arange(k, device=recompute.device)[:, None].expand(k, n)
     par = parents.to(recompute.device).clamp(min=0)[:, None].expand(k, n)

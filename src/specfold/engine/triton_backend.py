@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from specfold.engine.correction import DEFAULT_GUARD
-from specfold.engine.folded import LayerContext, LayerCounts, LayerTrace
+from specfold.engine.cost import LayerCost
 from specfold.engine.kernels.attention import attend_rows
 from specfold.engine.kernels.correction import correct_folded
 from specfold.engine.kernels.ffn import ffn_rows
 from specfold.engine.kernels.gate import gate_compact
 from specfold.engine.kernels.qkv import qkv_rope
 from specfold.engine.kernels.resolve import resolve_sources
+from specfold.engine.layer_types import FoldConfig, LayerContext, LayerCounts, LayerTrace
 from specfold.engine.reference import GUARDED
 from specfold.model.transformer import Layer
 
@@ -78,13 +78,12 @@ def folded_layer_triton(
     ctx: LayerContext,
     prefix_k: torch.Tensor | None,  # [Hkv, P, D]
     prefix_v: torch.Tensor | None,  # [Hkv, P, D]
-    guard: float = DEFAULT_GUARD,
-    ffn: str = "residual",
+    cfg: FoldConfig,
     trace: bool = False,
-    parents: torch.Tensor | None = None,  # [K] long, needed by ffn="residual"
-    delta: float = 0.0,
+    cost: LayerCost | None = None,
 ) -> tuple[torch.Tensor, LayerCounts, LayerTrace | None]:
-    """:func:`specfold.engine.folded.folded_layer` on the kernels; same arguments and results."""
+    """:func:`specfold.engine.folded.folded_layer` on the kernels; same arguments and results. Always folds with
+    Eq. 8 (the cost rule's dense fallback and direct attention are the torch engine's; ``cost`` is unused)."""
     k, n = plan.recompute.shape
     e = h.shape[1]
     r = plan.rows.numel()
@@ -93,7 +92,7 @@ def folded_layer_triton(
                          ctx.qscale, layer.hq, layer.hkv)
     state = attend_rows(q, table, plan.lists, plan.counts, prefix_k, prefix_v, kk, vv, table, ctx.scale, table, r)
     fix = correct_folded(
-        q, state.m, state.z, state.o, kk, vv, table, plan.src, plan.recompute, plan.parents, ctx.scale, guard
+        q, state.m, state.z, state.o, kk, vv, table, plan.src, plan.recompute, plan.parents, ctx.scale, cfg.guard
     )
     corrected = (fix.flag > 0).nonzero().squeeze(1)  # [C] flat (branch, position), ascending
     guarded = fix.flag == GUARDED  # [K*N]
@@ -112,8 +111,8 @@ def folded_layer_triton(
     out_index[corrected] = r + torch.arange(corrected.numel(), device=h.device)
     h1 = h + attn[out_index]
 
-    if ffn == "residual":
-        fplan = plan_layer(h1.view(k, n, e), plan.parents if parents is None else parents, delta)
+    if cfg.ffn == "residual":
+        fplan = plan_layer(h1.view(k, n, e), ctx.parents, cfg.delta)
         ff_rec, ff_rows, ff_src = fplan.recompute, fplan.rows, fplan.src
     else:
         ff_rec, ff_rows, ff_src = plan.recompute, plan.rows, plan.src
@@ -123,8 +122,8 @@ def folded_layer_triton(
     h2 = h1 + f_tab
 
     counts = LayerCounts(
-        folded=(~plan.recompute).sum(dim=1), guard=n_guard, recomputed=r, corrected=corrected.numel(),
-        ffn_folded=(~ff_rec).sum(),
+        folded=(~plan.recompute).sum(dim=1), ffn_folded=(~ff_rec).sum(), guard=n_guard,
+        recomputed=torch.tensor(r), corrected=torch.tensor(corrected.numel()),
     )
     info = None
     if trace:

@@ -64,7 +64,7 @@ class MethodSpec:
     graph: str | None = None
     backend: str = "torch"
     ffn: str = "residual"
-    attention: str = "correct"
+    attention: str = "auto"
 
     @property
     def params(self) -> dict[str, Any]:
@@ -84,7 +84,7 @@ class MethodSpec:
             shown["backend"] = self.backend
         if self.name == "specfold" and self.ffn != "residual":
             shown["ffn"] = self.ffn
-        if self.name == "specfold" and self.attention != "correct":
+        if self.name == "specfold" and self.attention != "auto":
             shown["attention"] = self.attention
         return self.name + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
 
@@ -250,8 +250,12 @@ def _run_one(model, cfg, method: Method, spec: MethodSpec, task, sample, score, 
     }
     if stats.get("draft_triples"):
         rec["fold_ratio"] = fold_ratio(stats)
+        rec["ffn_fold_ratio"] = fold_ratio(stats, "ffn")
         rec["draft_triples"] = stats["draft_triples"]
         rec["folded_triples"] = stats.get("folded_triples", 0.0)
+        rec["ffn_folded_triples"] = stats.get("ffn_folded_triples", 0.0)
+        rec["dense_layers"] = stats.get("dense_layers", 0.0)
+        rec["layers"] = stats.get("layers", 0.0)
         rec["guard_fallbacks"] = stats.get("guard_fallbacks", 0.0)
     return rec
 
@@ -283,6 +287,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str
             draft = sum(r.get("draft_triples", 0.0) for r in recs)
             if draft:
                 row["fold_ratio"] = sum(r.get("folded_triples", 0.0) for r in recs) / draft
+                row["ffn_fold_ratio"] = sum(r.get("ffn_folded_triples", 0.0) for r in recs) / draft
+                layers = sum(r.get("layers", 0.0) for r in recs)
+                if layers:
+                    row["dense_layer_share"] = sum(r.get("dense_layers", 0.0) for r in recs) / layers
                 row["guard_fallbacks"] = sum(r.get("guard_fallbacks", 0.0) for r in recs)
             summary[task][label] = row
         base = summary[task].get("vanilla")
@@ -297,12 +305,13 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str
 
 
 def format_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """The paper's Table 1 as text: per task and method, accuracy, NFE and TPS (absolute and vs vanilla), fold."""
+    """The paper's Table 1 as text: per task and method, accuracy, NFE and TPS (absolute and vs vanilla), and the
+    fold ratios at the attention gate (``fold``) and at the FFN gate (``ffn``)."""
     tw = max([4] + [len(task) for task in summary])  # columns as wide as the longest task and method names
     mw = max([6] + [len(label) for rows in summary.values() for label in rows])
     head = (
         f"{'task':<{tw}} {'method':<{mw}} {'acc':>6} {'NFE':>7} {'NFE×':>6} {'tok/s':>8} {'TPS×':>6} "
-        f"{'tok/fwd':>7} {'acc/step':>8} {'fold':>5}"
+        f"{'tok/fwd':>7} {'acc/step':>8} {'fold':>5} {'ffn':>5}"
     )
     lines = [head, "-" * len(head)]
 
@@ -315,6 +324,6 @@ def format_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
             lines.append(
                 f"{task:<{tw}} {label:<{mw}} {100 * r['accuracy']:>5.1f}% {r['nfe_per_sample']:>7.1f} "
                 f"{fmt(r, 'nfe_vs_vanilla', 6)} {r['tokens_per_second']:>8.1f} {fmt(r, 'tps_vs_vanilla', 6)} "
-                f"{r['tokens_per_forward']:>7.2f} {fmt(r, 'accepted_per_step', 8)} {fmt(r, 'fold_ratio', 5)}"
+                f"{r['tokens_per_forward']:>7.2f} {fmt(r, 'accepted_per_step', 8)} {fmt(r, 'fold_ratio', 5)} {fmt(r, 'ffn_fold_ratio', 5)}"
             )
     return "\n".join(lines)

@@ -83,7 +83,7 @@ def sweep_methods(
     delta: float | None = None,
     backend: str = "torch",
     ffn: str = "residual",
-    attention: str = "correct",
+    attention: str = "auto",
 ) -> list[MethodSpec]:
     """The methods of a sweep: vanilla, the spiffy reference point(s), then specfold at every grid point.
 
@@ -161,7 +161,7 @@ def run_sweep(
     delta: float | None = None,
     backend: str = "torch",
     ffn: str = "residual",
-    attention: str = "correct",
+    attention: str = "auto",
     **plan_options: Any,
 ) -> list[dict[str, Any]]:
     """Run (or resume) one sweep and return all its records (old and new).

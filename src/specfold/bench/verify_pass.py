@@ -1,0 +1,153 @@
+"""Pass benchmark: one whole verification pass (embedding, ``L`` layers, LM head), dense vs folded, with real gate
+decisions and a per-part breakdown.
+
+Dims: ``B`` draft branches, ``K = B + 1`` branches, ``N`` block length, ``P`` prefix length, ``L`` layers, ``V``
+vocabulary.
+
+Used by ``specfold bench pass``. A random-weight model of a named shape (:data:`~specfold.bench.layer.SHAPES`,
+``L`` layers, vocabulary ``V``) verifies ``K`` block states against a random prefix cache of ``P`` rows: the main
+state has its first small block unmasked, and each draft is its parent plus one or two more positions of the next
+small block with random tokens (a binary draft tree, as :func:`~specfold.bench.layer.default_parents`). The gate
+decides at ``δ`` as in decoding, so the fold ratio is what this model gives, reported beside the times. Dense
+(:class:`~specfold.engine.dense.DenseVerifier`) and folded (:class:`~specfold.engine.folded.FoldedVerifier`, default
+settings) passes are timed interleaved after a warm-up (medians); then one folded pass runs under the profiler,
+whose ``specfold::<part>`` ranges (:data:`~specfold.engine.folded.PARTS`) give the breakdown, and one under
+:class:`~specfold.bench.ops.OpCounter` for the framework ops and host syncs per layer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specfold.bench.layer import SHAPES, default_parents, model_config
+from specfold.bench.ops import count_ops
+from specfold.engine.base import fold_ratio
+from specfold.engine.dense import DenseVerifier
+from specfold.engine.folded import PARTS, FoldedVerifier
+from specfold.model.random_checkpoint import random_model
+
+
+@dataclass
+class PassBenchResult:
+    shape: str
+    layers: int
+    vocab: int
+    branches: int
+    block: int
+    prefix: int
+    dtype: str
+    delta: float
+    fold_ratio: float  # attention gate: folded ÷ draft (branch, position, layer) triples
+    ffn_fold_ratio: float  # FFN gate
+    dense_layers: int  # layers the cost rule ran densely
+    dense_seconds: float  # median
+    folded_seconds: float  # median
+    ratio: float  # folded / dense
+    parts: dict[str, float]  # seconds per part of one profiled folded pass (+ "other")
+    ops_per_layer: float  # framework ops one folded pass dispatches, per layer
+    syncs_per_layer: float  # of those, ops that wait for a host value
+    repeats: int
+    threads: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def draft_states(k: int, n: int, parents: list[int], vocab: int, mask_id: int, gen: torch.Generator) -> torch.Tensor:
+    """``[K, N]``: main = first quarter unmasked; each draft = its parent + 1–2 positions of the next quarter."""
+    states = torch.full((k, n), mask_id, dtype=torch.long)
+    first = n // 4
+    states[0, :first] = torch.randint(0, vocab - 1, (first,), generator=gen)
+    for i in range(1, k):
+        states[i] = states[parents[i]]
+        extra = int(torch.randint(1, 3, (1,), generator=gen))
+        pos = first + torch.randint(0, first, (extra,), generator=gen)
+        states[i, pos] = torch.randint(0, vocab - 1, (extra,), generator=gen)
+    return states
+
+
+def bench_pass(
+    shape: str,
+    delta: float,
+    layers: int = 4,
+    vocab: int | None = None,
+    branches: int = 7,
+    block: int = 32,
+    prefix: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 5,
+    seed: int = 0,
+    device: str = "cpu",
+    threads: int | None = None,
+    **fold_settings,
+) -> PassBenchResult:
+    """Time dense vs folded verification passes side by side (module docstring). ``vocab`` defaults to the shape's
+    real vocabulary; ``fold_settings`` go to :class:`~specfold.engine.layer_types.FoldConfig`."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; available: {', '.join(SHAPES)}")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _bench_pass(shape, delta, layers, vocab or SHAPES[shape].vocab, branches, block, prefix, dtype,
+                           repeats, seed, device, fold_settings)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@torch.inference_mode()
+def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, repeats, seed, device, settings):
+    sh = SHAPES[shape]
+    k, n = branches + 1, block
+    net = random_model(model_config(sh, layers, vocab), seed=seed).to(device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    cache = net.new_cache(prefix + n)
+    cache.k[:, :, :prefix] = torch.randn(cache.k[:, :, :prefix].shape, generator=gen).to(dtype)
+    cache.v[:, :, :prefix] = torch.randn(cache.v[:, :, :prefix].shape, generator=gen).to(dtype)
+    cache.commit(prefix)
+    parent_list = default_parents(branches)
+    states = draft_states(k, n, parent_list, vocab, vocab - 1, gen).to(device)
+    parents = torch.tensor(parent_list, device=device)
+    dense, folded = DenseVerifier(net), FoldedVerifier(net, delta, **settings)
+    cuda = torch.device(device).type == "cuda"
+
+    def timed(fn) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    run_dense = lambda: dense.verify(cache, states, parents)
+    run_folded = lambda: folded.verify(cache, states, parents)
+    run_dense(), run_folded()
+    dense_t, folded_t = [], []
+    for _ in range(repeats):  # interleaved so that background load hits both alike
+        dense_t.append(timed(run_dense))
+        folded_t.append(timed(run_folded))
+
+    stats = run_folded().stats
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        total = timed(run_folded)
+    parts = {name: 0.0 for name in PARTS}
+    for ev in prof.key_averages():
+        if ev.key.startswith("specfold::"):
+            parts[ev.key.removeprefix("specfold::")] += ev.cpu_time_total * 1e-6
+    parts["other"] = max(0.0, total - sum(parts.values()))
+    counter = count_ops(run_folded)
+    d_med, f_med = statistics.median(dense_t), statistics.median(folded_t)
+    draft = stats["draft_triples"]
+    return PassBenchResult(
+        shape=shape, layers=layers, vocab=vocab, branches=branches, block=block, prefix=prefix,
+        dtype=str(dtype).removeprefix("torch."), delta=delta, fold_ratio=fold_ratio(stats) or 0.0,
+        ffn_fold_ratio=stats["ffn_folded_triples"] / draft if draft else 0.0, dense_layers=int(stats["dense_layers"]),
+        dense_seconds=d_med, folded_seconds=f_med, ratio=f_med / d_med, parts=parts,
+        ops_per_layer=counter.total / layers, syncs_per_layer=counter.syncs / layers, repeats=repeats,
+        threads=torch.get_num_threads(),
+    )

@@ -1,0 +1,117 @@
+"""When folding pays: a per-layer cost rule, from the layer's shapes and two constants measured on the machine.
+
+Dims: ``K`` branches, ``N`` block positions, ``M = K·N`` rows, ``P`` prefix length, ``R`` rows recomputed at the
+layer input, ``C`` folded rows whose attention Eq. 8 corrects, ``R_f`` rows whose FFN runs, ``E`` hidden,
+``Hq``/``Hkv`` heads, ``D`` head dim, ``F`` FFN size.
+
+Work is counted in multiply-adds (MACs); framework bookkeeping (the gate, compaction, gathers, scatters: a roughly
+fixed number of small ops per layer whatever the row counts) is converted to MACs with the machine's measured
+``seconds per op`` and ``MACs per second``::
+
+    per row:   qkv = E·(Hq + 2·Hkv)·D     attn = 2·Hq·D·(P + N)     o = Hq·D·E     ffn = 3·E·F
+    dense attention part  = M·(qkv + attn + o)
+    folded, direct        = R·qkv + M·attn + M·o              + ops_direct · c
+    folded, Eq. 8         = R·qkv + R·attn + (R + C)·o + 2·C·R·Hq·D + ops_correct · c
+    dense FFN             = M·ffn
+    folded FFN            = R_f·ffn                            + ops_ffn · c
+    c = seconds_per_op · macs_per_second
+
+Each layer takes the cheapest attention part (dense / direct / Eq. 8) and, separately, the cheaper FFN (dense /
+folded). A dense part is exact; at δ = 0 every choice is exact (the identity the tests check), at δ > 0 a dense
+part recomputes what folding would have inherited. The op counts below were counted with
+``specfold bench pass --count-ops`` (one folded layer of the torch engine, ops dispatched per part).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+# Framework ops a folded layer dispatches beyond a dense one, per part (torch engine; see the module docstring).
+OPS_DIRECT = 40
+OPS_CORRECT = 75
+OPS_FFN = 20
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What one framework op and one multiply-add cost on this device and dtype (measured once per process)."""
+
+    seconds_per_op: float
+    macs_per_second: float
+
+    @property
+    def op_macs(self) -> float:
+        return self.seconds_per_op * self.macs_per_second
+
+
+_MEASURED: dict[tuple[str, torch.dtype], Machine] = {}
+
+
+def measure_machine(device: torch.device | str, dtype: torch.dtype) -> Machine:
+    """Median time of a small elementwise op and MACs/s of a GEMM of a verification pass's size, cached per
+    (device, dtype). Costs a few tens of milliseconds once."""
+    dev = torch.device(device)
+    key = (str(dev), dtype)
+    if key in _MEASURED:
+        return _MEASURED[key]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def median_seconds(fn, reps: int) -> float:
+        fn()
+        sync()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+
+    x = torch.ones(64, 64, dtype=dtype, device=dev)
+    ops = 20
+    op = median_seconds(lambda: [x.add(1.0) for _ in range(ops)], 7) / ops
+    a = torch.randn(256, 512, device=dev).to(dtype)
+    w = torch.randn(512, 512, device=dev).to(dtype)
+    gemm = median_seconds(lambda: torch.nn.functional.linear(a, w), 5)
+    machine = Machine(seconds_per_op=op, macs_per_second=256 * 512 * 512 / max(gemm, 1e-9))
+    _MEASURED[key] = machine
+    return machine
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Per-row MACs of one layer's parts (the module docstring's formulas) and the machine's op cost in MACs."""
+
+    qkv: int
+    o: int
+    ffn: int
+    attn_per_key: int  # 2·Hq·D: one score and one value row per key
+    op_macs: float
+
+    @classmethod
+    def of(cls, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, op_macs: float) -> LayerCost:
+        return cls(
+            qkv=hidden * (heads + 2 * kv_heads) * head_dim, o=heads * head_dim * hidden, ffn=3 * hidden * ffn,
+            attn_per_key=2 * heads * head_dim, op_macs=op_macs,
+        )
+
+    def attention_plan(
+        self, m: int, n: int, prefix: int, r: int, c: int, options: tuple[str, ...] = ("dense", "direct", "correct")
+    ) -> str:
+        """The cheapest of ``options`` (``"dense"``, ``"direct"``, ``"correct"``) for the attention part with ``r``
+        recomputed and ``c`` corrected of ``m`` rows over ``prefix + n`` keys (first of equals wins)."""
+        attn = self.attn_per_key * (prefix + n)
+        costs = {
+            "dense": m * (self.qkv + attn + self.o),
+            "direct": r * self.qkv + m * (attn + self.o) + OPS_DIRECT * self.op_macs,
+            "correct": r * (self.qkv + attn) + (r + c) * self.o + c * r * self.attn_per_key
+            + OPS_CORRECT * self.op_macs,
+        }
+        return min(options, key=costs.__getitem__)
+
+    def ffn_folds(self, m: int, r_ffn: int) -> bool:
+        """Whether running the FFN on ``r_ffn`` of ``m`` rows (and gathering the rest) beats the dense FFN."""
+        return r_ffn * self.ffn + OPS_FFN * self.op_macs < m * self.ffn
