@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.engine.test_folded_verifier import PARENTS, _setup
 
 from specfold.engine.cost import OPS_CORRECT, OPS_FFN, LayerCost, measure_machine
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.engine.layer_types import FoldConfig
 from specfold.model.loading import load_checkpoint
-from tests.engine.test_folded_verifier import PARENTS, _setup
 
 
 def _cost(net, op_macs: float) -> LayerCost:

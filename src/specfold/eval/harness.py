@@ -324,6 +324,7 @@ def format_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
             lines.append(
                 f"{task:<{tw}} {label:<{mw}} {100 * r['accuracy']:>5.1f}% {r['nfe_per_sample']:>7.1f} "
                 f"{fmt(r, 'nfe_vs_vanilla', 6)} {r['tokens_per_second']:>8.1f} {fmt(r, 'tps_vs_vanilla', 6)} "
-                f"{r['tokens_per_forward']:>7.2f} {fmt(r, 'accepted_per_step', 8)} {fmt(r, 'fold_ratio', 5)} {fmt(r, 'ffn_fold_ratio', 5)}"
+                f"{r['tokens_per_forward']:>7.2f} {fmt(r, 'accepted_per_step', 8)} {fmt(r, 'fold_ratio', 5)} "
+                f"{fmt(r, 'ffn_fold_ratio', 5)}"
             )
     return "\n".join(lines)
