@@ -85,7 +85,7 @@ def test_loss_falls_and_every_step_is_logged(uninterrupted):
     assert all(math.isfinite(v) for v in losses)
     first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
     assert first > math.log(1024) - 1.0  # starts near uniform over the 1024-token vocabulary
-    assert last < first - 1.0, (first, last)
+    assert last < first - 0.5, (first, last)  # measured: 6.85 -> 5.65; with the LR at 0, 6.94 -> 6.91
     assert result.final_loss == pytest.approx(sum(losses) / len(losses))  # fewer than 50 steps: all of them
     log = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, STEPS + 1))
@@ -108,32 +108,48 @@ def test_export_loads_and_decodes(uninterrupted):
     assert res.generated_tokens == 16 and isinstance(res.text, str)
 
 
-def test_killed_run_resumes_into_the_same_run(uninterrupted, tmp_path):
-    _, full, full_seen = uninterrupted
-    cfg = tiny(tmp_path)
-    _, before_kill = run(cfg, kill_at=KILL_AT)
-    assert before_kill == {s: full_seen[s] for s in range(1, KILL_AT + 1)}  # same run up to the kill
-    saved = torch.load(tmp_path / "state.pt", weights_only=False)["step"]
-    assert 0 < saved <= KILL_AT  # something to resume from
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """A run killed at step KILL_AT, then started again with the same config (it resumes from its checkpoint)."""
+    out = tmp_path_factory.mktemp("killed")
+    cfg = tiny(out)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _, before_kill = run(cfg, kill_at=KILL_AT)
+        saved = torch.load(out / "state.pt", weights_only=False)["step"]
+        result, after = run(cfg)
+    finally:
+        torch.set_num_threads(before)
+    return out, before_kill, saved, result, after
 
-    resumed, after = run(cfg)
+
+def test_killed_run_resumes_into_the_same_run(uninterrupted, resumed):
+    _, full, full_seen = uninterrupted
+    out, before_kill, saved, result, after = resumed
+    assert before_kill == {s: full_seen[s] for s in range(1, KILL_AT + 1)}  # same run up to the kill
+    assert 0 < saved <= KILL_AT  # something to resume from
     assert sorted(after) == list(range(saved + 1, STEPS + 1))
     # fp32 on one thread: the resumed steps are the uninterrupted run's, bit for bit (data, masks, LR, AdamW state)
     assert after == {s: full_seen[s] for s in after}
-    assert resumed.steps == STEPS
+    assert result.steps == STEPS
     want = torch.load(Path(full.export_dir).parent / "state.pt", weights_only=False)["model"]
-    got = torch.load(tmp_path / "state.pt", weights_only=False)["model"]
-    assert all(torch.equal(want[k], got[k]) for k in want)
+    got = torch.load(out / "state.pt", weights_only=False)["model"]
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def _log(path: Path) -> list[tuple[int, float, float]]:
+    return [(r["step"], r["loss"], r["lr"]) for r in map(json.loads, path.read_text().splitlines())]
 
 
 @pytest.mark.xfail(strict=True, reason="issue 17: a resumed run appends the steps after its checkpoint to "
-                   "loss.jsonl again, so the log of a killed-and-resumed run holds steps 9..12 twice")
-def test_resumed_log_equals_the_uninterrupted_log(uninterrupted, tmp_path):
-    full_out, _, _ = uninterrupted
-    cfg = tiny(tmp_path)
-    run(cfg, kill_at=KILL_AT)
-    run(cfg)
-    def steps(path: Path) -> list[tuple[int, float, float]]:
-        return [(r["step"], r["loss"], r["lr"]) for r in map(json.loads, path.read_text().splitlines())]
+                   "loss.jsonl again (trainer.train opens loss.jsonl in append mode and never cuts it back to the "
+                   "checkpoint's step), so a run killed at 12 after a checkpoint at 8 logs steps 9..12 twice")
+def test_resumed_log_equals_the_uninterrupted_log(uninterrupted, resumed):
+    assert _log(resumed[0] / "loss.jsonl") == _log(uninterrupted[0] / "loss.jsonl")
 
-    assert steps(tmp_path / "loss.jsonl") == steps(full_out / "loss.jsonl")
+
+@pytest.mark.xfail(strict=True, reason="trainer.train's final_loss ('mean of the last 50 steps') averages only the "
+                   "steps this process ran: a resumed run reports the mean of steps 9..24, not 1..24")
+def test_resumed_run_reports_the_uninterrupted_final_loss(uninterrupted, resumed):
+    assert resumed[3].final_loss == pytest.approx(uninterrupted[1].final_loss, rel=1e-12)
