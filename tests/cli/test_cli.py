@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from specfold.api import decode_config_for, load_model
 from specfold.cli import main
+from specfold.decoding.decoder import decode
 
 
 def run(capsys, *argv):
@@ -23,6 +25,9 @@ def test_generate_json_fields(capsys, fd_ckpt):
     for key in ("text", "token_ids", "nfe", "generated_tokens", "seconds", "tokens_per_second"):
         assert key in rec
     assert rec["generated_tokens"] == len(rec["token_ids"]) == 40
+    model = load_model(fd_ckpt)  # raw ids go in as given; no tokenizer, so no text
+    want = decode(model, [1, 2, 3], decode_config_for(model, 40))
+    assert (rec["token_ids"], rec["nfe"], rec["text"]) == (want.token_ids, want.nfe, None)
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,8 @@ def test_property_random_valid_graphs_are_lossless(data, conf):
         parent = data.draw(st.sampled_from([""] + formulas))
         used = {int(p.split(",")[0].strip("()")) for step in parent.split("|") if step for p in step.split("+")}
         free = [r for r in range(1, 7) if r not in used]
+        if not free:  # the parent already fills every rank: nothing left to add below it
+            continue
         pairs = data.draw(st.lists(st.sampled_from(free), min_size=1, max_size=2, unique=True))
         step = "+".join(f"({r},{data.draw(st.integers(1, 2))})" for r in sorted(pairs))
         cand = f"{parent}|{step}" if parent else step

@@ -148,19 +148,37 @@ def test_gate_and_inherited_entries(delta, nld_ckpt) -> None:
 
 
 def test_statistics(fd_ckpt) -> None:
+    """Every count of the stats against the pass's own per-layer tables (trace): folded and recomputed rows per
+    layer and per graph depth, rows whose block context changed (Δ ≠ ∅, Eq. 8), guard fallbacks, FFN reuse."""
     net, cache, states = _setup(fd_ckpt, torch.float64)
-    res = FoldedVerifier(net, 0.2, **ALWAYS).verify(cache, states, PARENTS)
+    res, tr = FoldedVerifier(net, 0.2, **ALWAYS).run(cache, states, PARENTS, trace=True)
     s = res.stats
-    layers = net.cfg.num_layers
-    k = len(PARENTS)
-    assert 0.0 <= _fold_ratio(s) <= 1.0
+    layers, k = net.cfg.num_layers, len(PARENTS)
+    depth = [0] * k
+    for i in range(1, k):
+        depth[i] = depth[int(PARENTS[i])] + 1
+    want = {"folded_triples": 0, "corrected_rows": 0, "guard_fallbacks": 0, "ffn_folded_triples": 0}
+    by_depth = {d: 0 for d in set(depth[1:])}
+    for i, lt in enumerate(tr.layers):
+        folded = ~lt.recompute  # [K, N]
+        assert not folded[0].any()
+        assert s[f"folded_l{i}"] == folded.sum().item()
+        assert s[f"recomputed_rows_l{i}"] == lt.recompute.sum().item() == k * N - folded.sum().item()
+        for b in range(1, k):
+            by_depth[depth[b]] += folded[b].sum().item()
+        # Δ ≠ ∅: some position of the row's branch holds another source than the same position of its source's
+        changed = [(lt.src[b] != lt.src[int(lt.src[b, n])]).any().item() for b, n in folded.nonzero().tolist()]
+        want["folded_triples"] += folded.sum().item()
+        want["corrected_rows"] += sum(changed)
+        want["guard_fallbacks"] += lt.flagged.numel()
+        want["ffn_folded_triples"] += (~lt.ffn_recompute).sum().item()
+    assert {key: s[key] for key in want} == want
     assert s["draft_triples"] == (k - 1) * N * layers
-    assert s["folded_triples"] == sum(s[f"folded_l{i}"] for i in range(layers))
-    assert s["folded_triples"] == sum(s[f"folded_d{d}"] for d in range(1, 5))
-    assert s["draft_triples"] == sum(s[f"draft_d{d}"] for d in range(1, 5))
-    for i in range(layers):
-        assert s[f"recomputed_rows_l{i}"] == k * N - s[f"folded_l{i}"]
-    assert 0 <= s["guard_fallbacks"] <= s["corrected_rows"] <= s["folded_triples"]
+    for d, n_folded in by_depth.items():
+        assert s[f"folded_d{d}"] == n_folded
+        assert s[f"draft_d{d}"] == sum(depth[b] == d for b in range(1, k)) * N * layers
+    assert 0 < s["folded_triples"] < s["draft_triples"] and 0 < s["corrected_rows"] < s["folded_triples"]
+    assert _fold_ratio(s) == s["folded_triples"] / s["draft_triples"]
 
 
 def test_rejects_unknown_backend(fd_ckpt) -> None:

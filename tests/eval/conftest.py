@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -47,3 +48,19 @@ def text_ckpt(fd_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         torch.set_num_threads(before)
     (out / COUNTS_FILE).write_text(json.dumps(counts_to_json(counts)))
     return out
+
+
+@pytest.fixture
+def png_pixels():
+    """``path -> uint8 array [H, W, 3]`` of a PNG, and ``count(array, rgb)``: the pixels of exactly that colour (a
+    figure's line and marker colours survive anti-aliasing at their centres)."""
+    import numpy as np
+    from PIL import Image
+
+    def read(path: Path):
+        return np.asarray(Image.open(path).convert("RGB"))
+
+    def count(pixels, rgb: tuple[int, int, int]) -> int:
+        return int((pixels == np.array(rgb, dtype=np.uint8)).all(axis=-1).sum())
+
+    return SimpleNamespace(read=read, count=count)

@@ -62,10 +62,26 @@ def test_figure_has_a_labelled_subplot_per_task(kind: str):
             assert list(specfold.get_ydata()) == pytest.approx([(120 + 10 * v) / 100 for v in (2, 4, 6)])
 
 
-@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".svg", b"<?xml")])
-def test_plot_writes_the_format_of_the_suffix(tmp_path: Path, suffix: str, magic: bytes):
-    out = plot_sweep(records("budget"), "budget", tmp_path / "sub" / f"fig{suffix}")
-    assert out.read_bytes().startswith(magic)
+BLUE, ORANGE, WHITE = (31, 119, 180), (255, 127, 14), (255, 255, 255)  # SpecFold, Spiffy (tab: colours), background
+
+
+@pytest.mark.parametrize("kind", ["delta", "budget"])
+def test_png_has_a_drawn_panel_per_task(tmp_path: Path, png_pixels, kind: str):
+    out = plot_sweep(records(kind), kind, tmp_path / "sub" / "fig.png")
+    px = png_pixels.read(out)
+    assert px.shape == (660, 1380, 3)  # two panels side by side: (4.6 in × 2) × (3.6 + 0.8 in) at 150 dpi
+    white = png_pixels.count(px, WHITE) / (px.shape[0] * px.shape[1])
+    assert 0.5 < white < 0.98  # neither blank nor a filled canvas
+    for half in (px[:, : px.shape[1] // 2], px[:, px.shape[1] // 2 :]):  # each task's panel draws both methods
+        assert png_pixels.count(half, BLUE) > 300 and png_pixels.count(half, ORANGE) > 300
+
+
+def test_svg_has_the_lines_of_both_methods(tmp_path: Path):
+    out = plot_sweep(records("budget"), "budget", tmp_path / "fig.svg")
+    svg = out.read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    for colour in ("#1f77b4", "#ff7f0e"):  # SpecFold and Spiffy, in both panels
+        assert svg.count(f"stroke: {colour}") >= 8, colour  # measured 13: a line, its markers, the legend
 
 
 def test_no_records_is_an_error(tmp_path: Path):

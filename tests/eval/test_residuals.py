@@ -50,11 +50,23 @@ def test_explicit_step_follows_the_vanilla_rule(fd_ckpt):
         residual_map(model, PROMPT_IDS, cfg, step=14)
 
 
-def test_heatmap_and_cli(text_ckpt: Path, tmp_path: Path, capsys):
+VIRIDIS_MIN, VIRIDIS_MAX = (68, 1, 84), (253, 231, 36)  # ρ = 0 (drawn at the scale's floor) and the largest ρ
+STRIP = {"committed": (44, 160, 44), "masked": (127, 127, 127), "new": (214, 39, 40)}  # tab:green / gray / red
+
+
+def test_heatmap_and_cli(text_ckpt: Path, tmp_path: Path, capsys, png_pixels):
     model = load_model(text_ckpt)
     rmap = residual_map(model, encode_prompt(model, "What is 3 + 4?"), decode_config_for(model, 32))
     png = plot_residual_map(rmap, tmp_path / "heat.png")
-    assert png.read_bytes().startswith(b"\x89PNG")
+    px = png_pixels.read(png)
+    n_layers, n_pos = len(rmap.rho), len(rmap.labels)
+    assert px.shape[:2] == (round(150 * max(3.0, 0.35 * n_layers + 2.2)), round(150 * max(6.0, 0.28 * n_pos + 2.5)))
+    # layer 0's exact zeros at the bottom of the colour scale, the largest ρ at its top (one cell at least: the
+    # cells are tens of pixels each way; 800 px is a safe floor), every label colour in the strip
+    cell = 40 * 20
+    assert png_pixels.count(px, VIRIDIS_MIN) > (n_pos - 1) * cell and png_pixels.count(px, VIRIDIS_MAX) > cell
+    for label in set(rmap.labels):
+        assert png_pixels.count(px, STRIP[label]) > cell, label
 
     out = tmp_path / "fig6.svg"
     assert main(["analyze", "residuals", "--model", str(text_ckpt), "--out", str(out), "--json"]) == 0

@@ -43,6 +43,7 @@ def test_tied_head_and_bf16(tmp_path):
     with torch.no_grad():
         logits = net(torch.tensor([[1, 2, 3]]), None)
     assert logits.shape == (1, 3, cfg.vocab_size) and torch.isfinite(logits.float()).all()
+    # (its values against transformers: tests/model/test_oracle.py::test_tied_head_bf16_matches_transformers)
 
 
 def test_mask_id_from_the_tokenizer_when_config_has_none(tmp_path):

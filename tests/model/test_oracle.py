@@ -50,7 +50,8 @@ def reference_model(ckpt, dtype):
             k.replace("encoder.", "model.", 1).replace("diffusion_head.", "lm_head."): v for k, v in tensors.items()
         }
     missing, unexpected = model.load_state_dict(tensors, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    tied = {"lm_head.weight"} if cfg["tie_word_embeddings"] else set()  # filled by the tie, not the file
+    assert not unexpected and all("rotary" in m or m in tied for m in missing), (missing, unexpected)
     hf_cfg._attn_implementation = "sdpa" if dtype == torch.float64 else "eager"
     return model.to(dtype).eval()
 
@@ -140,3 +141,40 @@ def test_logits_match_transformers(family, dtype, fd_ckpt, nld_ckpt):
     assert (got_w - want[prompt.numel() : prompt.numel() + 32]).abs().max() < tol
     assert (got - want[-32:]).abs().max() < tol
     assert cache.length == prompt.numel() + 32
+
+
+def test_tied_head_bf16_matches_transformers(tmp_path):
+    """The tied-head path (no lm_head in the file: logits through the embedding matrix) in bf16 against transformers'
+    Qwen2 with tied embeddings. Weights are bf16-exact, so fp64 and bf16 runs share them; FlashAttention's rule for
+    low precision: our error against the fp64 reference is at most 2× transformers' own bf16 error, plus a floor."""
+    from safetensors.torch import save_file
+
+    from specfold.model.random_checkpoint import write_random_checkpoint
+
+    ckpt = write_random_checkpoint(tmp_path / "tied", "fast_dllm_v2", seed=4, tie_word_embeddings=True,
+                                   mask_token_id=300)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    assert "lm_head.weight" not in tensors
+    save_file({k: v.to(torch.bfloat16).float() for k, v in tensors.items()}, str(ckpt / "model.safetensors"),
+              metadata={"format": "pt"})
+    _, cfg, ours = load_checkpoint(ckpt, dtype="bf16")
+    assert ours.head is None and ours.dtype == torch.bfloat16
+    ref64, ref16 = reference_model(ckpt, torch.float64), reference_model(ckpt, torch.bfloat16)
+    for ref in (ref64, ref16):  # really tied: the head is the embedding matrix
+        assert ref.lm_head.weight.data_ptr() == ref.model.embed_tokens.weight.data_ptr()
+
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, cfg.vocab_size, (40,), generator=g)
+    block = torch.randint(0, cfg.vocab_size, (32,), generator=g)
+    cache = ours.new_cache(80)
+    with torch.no_grad():
+        got_prefill = ours(prompt[None], cache, mask="block_causal", write_cache=True)[0].double()
+        got_block = ours(block[None], cache, mask="bidirectional")[0].double()
+    seq, segs = torch.cat([prompt, block]), [(40, "block_causal"), (32, "bidirectional")]
+    want = run_reference(ref64, seq, segs, torch.float64)
+    ctrl = run_reference(ref16, seq, segs, torch.bfloat16).double()
+    for got, rows in ((got_prefill, slice(0, 40)), (got_block, slice(40, 72))):
+        err, err_ctrl = (got - want[rows]).abs().max().item(), (ctrl[rows] - want[rows]).abs().max().item()
+        assert err <= 2 * err_ctrl + 1e-3, (err, err_ctrl)
+    scale = want.abs().max().item()
+    assert 0 < err_ctrl < 0.1 * scale  # the bf16 control is a real, small error (not 0, not noise-sized)

@@ -1,0 +1,155 @@
+"""The training loop end to end on a tiny model (fp32, CPU): the LR schedule, the loss falls, a killed run resumes
+into exactly the run it would have been, and the export loads as a model that decodes.
+
+The tokenizer is the shipped model's (no tokenizer training here); the model is 2 layers of width 32."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from specfold.api import generate, load_model
+from specfold.model.embedded import EMBEDDED_DIR
+from specfold.train.trainer import TrainConfig, lr_at, train
+
+STEPS, KILL_AT = 24, 12
+
+
+class Killed(Exception):
+    """Raised from the progress callback: the process dies between two steps."""
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny GEMMs on a shared 2-core machine; also one fixed reduction order
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(out: Path, **kw) -> TrainConfig:
+    cfg = TrainConfig(out_dir=str(out), tokenizer_dir=str(EMBEDDED_DIR), steps=STEPS, batch_size=4, lr=3e-3,
+                      min_lr=3e-4, warmup=4, max_len=64, block_size=16, hidden_size=32, num_layers=2, num_heads=2,
+                      num_kv_heads=1, intermediate_size=64, checkpoint_every=8, bf16=False, seed=3)
+    return replace(cfg, **kw)
+
+
+def run(cfg: TrainConfig, kill_at: int | None = None):
+    """Train; return (result or None if killed, {step: loss} seen by the progress callback)."""
+    seen: dict[int, float] = {}
+
+    def progress(step: int, loss: float) -> None:
+        seen[step] = loss
+        if step == kill_at:
+            raise Killed
+
+    if kill_at is None:
+        return train(cfg, progress), seen
+    with pytest.raises(Killed):
+        train(cfg, progress)
+    return None, seen
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result, seen = run(tiny(out))
+    finally:
+        torch.set_num_threads(before)
+    return out, result, seen
+
+
+def test_lr_schedule_warms_up_then_follows_the_cosine():
+    cfg = tiny(Path("-"), steps=104, warmup=4, lr=1e-3, min_lr=1e-4)
+    assert [lr_at(cfg, s) for s in range(4)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert lr_at(cfg, 4) == pytest.approx(1e-3)  # progress 0: the peak
+    assert lr_at(cfg, 54) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way: the midpoint of the cosine
+    assert lr_at(cfg, 104) == pytest.approx(1e-4) and lr_at(cfg, 500) == pytest.approx(1e-4)
+    timed = replace(cfg, max_minutes=10.0)  # the time budget: whichever of steps and time runs out first
+    assert lr_at(timed, 10, seconds=300.0) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert lr_at(timed, 54, seconds=1.0) == pytest.approx(lr_at(cfg, 54))
+
+
+def test_loss_falls_and_every_step_is_logged(uninterrupted):
+    out, result, seen = uninterrupted
+    assert sorted(seen) == list(range(1, STEPS + 1)) and result.steps == STEPS
+    losses = [seen[s] for s in range(1, STEPS + 1)]
+    assert all(math.isfinite(v) for v in losses)
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert first > math.log(1024) - 1.0  # starts near uniform over the 1024-token vocabulary
+    assert last < first - 0.5, (first, last)  # measured: 6.85 -> 5.65; with the LR at 0, 6.94 -> 6.91
+    assert result.final_loss == pytest.approx(sum(losses) / len(losses))  # fewer than 50 steps: all of them
+    log = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in log] == losses
+    assert [r["lr"] for r in log] == [lr_at(tiny(out), s) for s in range(STEPS)]
+
+
+def test_export_loads_and_decodes(uninterrupted):
+    out, result, _ = uninterrupted
+    assert result.export_dir == out / "model"
+    model = load_model(result.export_dir)
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.block_size) == (32, 2, 2, 1, 16)
+    assert result.parameters == sum(p.numel() for p in model.net.parameters())
+    state = torch.load(out / "state.pt", weights_only=False)
+    assert state["step"] == STEPS
+    for name, p in model.net.state_dict().items():  # the export is the final weights, stored in bf16
+        torch.testing.assert_close(p, state["model"][name].to(torch.bfloat16).float(), rtol=0, atol=0)
+    res = generate(model, "What is 3 + 4?", max_new_tokens=16)
+    assert res.generated_tokens == 16 and isinstance(res.text, str)
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """A run killed at step KILL_AT, then started again with the same config (it resumes from its checkpoint)."""
+    out = tmp_path_factory.mktemp("killed")
+    cfg = tiny(out)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _, before_kill = run(cfg, kill_at=KILL_AT)
+        saved = torch.load(out / "state.pt", weights_only=False)["step"]
+        result, after = run(cfg)
+    finally:
+        torch.set_num_threads(before)
+    return out, before_kill, saved, result, after
+
+
+def test_killed_run_resumes_into_the_same_run(uninterrupted, resumed):
+    _, full, full_seen = uninterrupted
+    out, before_kill, saved, result, after = resumed
+    assert before_kill == {s: full_seen[s] for s in range(1, KILL_AT + 1)}  # same run up to the kill
+    assert 0 < saved <= KILL_AT  # something to resume from
+    assert sorted(after) == list(range(saved + 1, STEPS + 1))
+    # fp32 on one thread: the resumed steps are the uninterrupted run's, bit for bit (data, masks, LR, AdamW state)
+    assert after == {s: full_seen[s] for s in after}
+    assert result.steps == STEPS
+    want = torch.load(Path(full.export_dir).parent / "state.pt", weights_only=False)["model"]
+    got = torch.load(out / "state.pt", weights_only=False)["model"]
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def _log(path: Path) -> list[tuple[int, float, float]]:
+    return [(r["step"], r["loss"], r["lr"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17: a resumed run appends the steps after its checkpoint to "
+                   "loss.jsonl again (trainer.train opens loss.jsonl in append mode and never cuts it back to the "
+                   "checkpoint's step), so a run killed at 12 after a checkpoint at 8 logs steps 9..12 twice")
+def test_resumed_log_equals_the_uninterrupted_log(uninterrupted, resumed):
+    assert _log(resumed[0] / "loss.jsonl") == _log(uninterrupted[0] / "loss.jsonl")
+
+
+@pytest.mark.xfail(strict=True, reason="trainer.train's final_loss ('mean of the last 50 steps') averages only the "
+                   "steps this process ran: a resumed run reports the mean of steps 9..24, not 1..24")
+def test_resumed_run_reports_the_uninterrupted_final_loss(uninterrupted, resumed):
+    assert resumed[3].final_loss == pytest.approx(uninterrupted[1].final_loss, rel=1e-12)
