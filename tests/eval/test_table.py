@@ -34,7 +34,8 @@ RECORDS = [
 
 # By hand. synth-math vanilla: 1 of 2 correct; NFE (10 + 14) / 2 = 12; tokens 48 over 24 forwards = 2 per forward,
 # over 4 s = 12 tok/s. specfold: 2 of 2; NFE 6; 48 / 12 = 4 tok/fwd; 48 / 2 s = 24 tok/s; accepted 8 over 8
-# denoise passes = 1; folded 150 of 400 draft triples = 0.375 (FFN gate: 160 of 400 = 0.4); guard 1 + 2. spiffy: NFE 9, 27 / 9 = 3 tok/fwd,
+# denoise passes = 1; folded 150 of 400 draft triples = 0.375 (FFN gate: 160 of 400 = 0.4); guard 1 + 2.
+# spiffy: NFE 9, 27 / 9 = 3 tok/fwd,
 # 27 / 1.8 = 15 tok/s, 3 accepted over 6 passes. Ratios to vanilla: NFE 6 / 12, 9 / 12; tok/s 24 / 12, 15 / 12.
 # synth-code specfold: 10 accepted over 5 passes (no nfe_denoise: the NFE), 0 s -> 0 tok/s.
 WANT = {
