@@ -366,7 +366,8 @@ class FoldedVerifier:
         net = self.net
         k, n = states.shape
         if self.cfg.backend == "triton":  # no host read here: validated with the statistics, after the LM head
-            par, parent_list = _device_parents(parents, net.device), None
+            raw = parents.to(device=net.device, dtype=torch.long, non_blocking=True)
+            par, parent_list = _safe_parents(raw), None
         else:
             parent_list = [int(p) for p in parents.tolist()]
             _check_parents(parent_list)
@@ -375,7 +376,7 @@ class FoldedVerifier:
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par)
         prefixes = [cache.layer(i) for i in range(len(net.layers))]
         logits, counts, out = self.forward(states, ctx, prefixes, trace)
-        return VerifyResult(logits, fold_stats(counts, par if parent_list is None else parent_list, n)), out
+        return VerifyResult(logits, fold_stats(counts, raw if parent_list is None else parent_list, n)), out
 
     def forward(
         self,
@@ -411,11 +412,10 @@ def _check_parents(parents: list[int]) -> None:
         raise ValueError(f"parents must be -1 for row 0 and in [0, k) for row k; got {parents}")
 
 
-def _device_parents(parents: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``parents`` on ``device`` without a host read; an invalid entry is replaced by a safe one (-1 for row 0, 0
-    for the others) so that no kernel reads out of bounds, and :func:`fold_stats` raises once it reads them."""
-    par = parents.to(device=device, dtype=torch.long, non_blocking=True)
-    idx = torch.arange(par.shape[0], device=device)
+def _safe_parents(par: torch.Tensor) -> torch.Tensor:  # [K] long on the model's device
+    """``par`` with every invalid entry replaced by a safe one (-1 for row 0, 0 for the others), without a host
+    read: no kernel reads out of bounds, and :func:`fold_stats` raises once it reads the original ``par``."""
+    idx = torch.arange(par.shape[0], device=par.device)
     ok = torch.where(idx == 0, par == -1, (par >= 0) & (par < idx))
     return torch.where(ok, par, torch.where(idx == 0, -1, 0))
 
@@ -425,7 +425,7 @@ def fold_stats(counts: list[LayerCounts], parents: list[int] | torch.Tensor, n: 
 
     ``folded_triples`` are folded at the attention gate (inherited Q/K/V), ``ffn_folded_triples`` at the FFN gate
     (inherited FFN output); ``dense_layers`` ran densely by the cost rule. ``parents`` given as the pass's device
-    tensor (the triton backend, see :func:`_device_parents`) are read in the same host read as the counts — the
+    tensor (the triton backend, see :func:`_safe_parents`) are read in the same host read as the counts — the
     pass's only one — and validated then."""
     k = counts[0].folded.shape[0]
     rows = torch.stack([torch.cat([c.folded.long(), torch.stack([c.ffn_folded, c.guard, c.recomputed,
