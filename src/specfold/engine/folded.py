@@ -365,12 +365,30 @@ class FoldedVerifier:
         """The pass; with ``trace`` also every layer's tables (:class:`LayerTrace`)."""
         net = self.net
         k, n = states.shape
-        parent_list = [int(p) for p in parents.tolist()]
-        if parent_list[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parent_list) if i > 0):
-            raise ValueError(f"parents must be -1 for row 0 and in [0, k) for row k; got {parent_list}")
-        par = torch.as_tensor(parent_list, dtype=torch.long, device=net.device)
+        if self.cfg.backend == "triton":  # no host read here: validated with the statistics, after the LM head
+            raw = parents.to(device=net.device, dtype=torch.long, non_blocking=True)
+            par, parent_list = _safe_parents(raw), None
+        else:
+            parent_list = [int(p) for p in parents.tolist()]
+            _check_parents(parent_list)
+            par = torch.as_tensor(parent_list, dtype=torch.long, device=net.device)
         cos, sin, qscale = net.rope_tables(cache.length, n)
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par)
+        prefixes = [cache.layer(i) for i in range(len(net.layers))]
+        logits, counts, out = self.forward(states, ctx, prefixes, trace)
+        return VerifyResult(logits, fold_stats(counts, raw if parent_list is None else parent_list, n)), out
+
+    def forward(
+        self,
+        states: torch.Tensor,  # [K, N]
+        ctx: LayerContext,
+        prefixes: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k [Hkv, P, D], v [Hkv, P, D])
+        trace: bool = False,
+    ) -> tuple[torch.Tensor, list[LayerCounts], FoldTrace | None]:
+        """Embedding, the folded layers and the LM head: logits ``[K, N, V]`` and the per-layer counts (device
+        tensors). With the triton backend this issues no host sync (what :mod:`specfold.engine.graphs` captures)."""
+        net = self.net
+        k, n = states.shape
         h = torch.nn.functional.embedding(states.reshape(-1).to(net.device), net.embed)  # [K*N, E]
         counts: list[LayerCounts] = []
         out = FoldTrace() if trace else None
@@ -378,27 +396,48 @@ class FoldedVerifier:
         if self.cfg.backend == "triton":
             from specfold.engine.triton_backend import folded_layer_triton as layer_fn
             from specfold.engine.triton_backend import plan_layer as plan_fn
-        for i, layer in enumerate(net.layers):
-            plan = plan_fn(h.view(k, n, -1), par, self.cfg.delta)
-            pk, pv = cache.layer(i)
+        for layer, (pk, pv) in zip(net.layers, prefixes, strict=True):
+            plan = plan_fn(h.view(k, n, -1), ctx.parents, self.cfg.delta)
             h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.cfg, trace, self.cost)
             counts.append(c)
             if out is not None:
                 out.layers.append(info)
         with part("head"):
             logits = net.position_logits(net.logits(h).view(k, n, -1))
-        return VerifyResult(logits, fold_stats(counts, parent_list, n)), out
+        return logits, counts, out
 
 
-def fold_stats(counts: list[LayerCounts], parents: list[int], n: int) -> dict[str, float]:
+def _check_parents(parents: list[int]) -> None:
+    if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
+        raise ValueError(f"parents must be -1 for row 0 and in [0, k) for row k; got {parents}")
+
+
+def _safe_parents(par: torch.Tensor) -> torch.Tensor:  # [K] long on the model's device
+    """``par`` with every invalid entry replaced by a safe one (-1 for row 0, 0 for the others), without a host
+    read: no kernel reads out of bounds, and :func:`fold_stats` raises once it reads the original ``par``."""
+    idx = torch.arange(par.shape[0], device=par.device)
+    ok = torch.where(idx == 0, par == -1, (par >= 0) & (par < idx))
+    return torch.where(ok, par, torch.where(idx == 0, -1, 0))
+
+
+def fold_stats(counts: list[LayerCounts], parents: list[int] | torch.Tensor, n: int) -> dict[str, float]:
     """Counts of (branch ≥ 1, position, layer) triples, summed by layer and by graph depth (one device sync).
 
     ``folded_triples`` are folded at the attention gate (inherited Q/K/V), ``ffn_folded_triples`` at the FFN gate
-    (inherited FFN output); ``dense_layers`` ran densely by the cost rule."""
-    k = len(parents)
+    (inherited FFN output); ``dense_layers`` ran densely by the cost rule. ``parents`` given as the pass's device
+    tensor (the triton backend, see :func:`_safe_parents`) are read in the same host read as the counts — the
+    pass's only one — and validated then."""
+    k = counts[0].folded.shape[0]
+    rows = torch.stack([torch.cat([c.folded.long(), torch.stack([c.ffn_folded, c.guard, c.recomputed,
+                                                                  c.corrected]).long()]) for c in counts])  # [L, K+4]
+    if isinstance(parents, torch.Tensor):
+        flat = torch.cat([rows.reshape(-1), parents.to(rows.device, torch.long)]).tolist()  # the one host read
+        per_layer = [flat[i * (k + 4):(i + 1) * (k + 4)] for i in range(len(counts))]
+        parents = [int(p) for p in flat[len(counts) * (k + 4):]]
+        _check_parents(parents)
+    else:
+        per_layer = rows.tolist()  # [L][K + 4]
     depth = branch_depths(parents)
-    per_layer = torch.stack([torch.cat([c.folded, torch.stack([c.ffn_folded, c.guard, c.recomputed, c.corrected])])
-                             for c in counts]).tolist()  # [L][K + 4]
     stats: dict[str, float] = {"rows": float(k * n), "draft_triples": float((k - 1) * n * len(counts))}
     totals = {"folded_triples": 0.0, "ffn_folded_triples": 0.0, "guard_fallbacks": 0.0, "corrected_rows": 0.0}
     for layer, row in enumerate(per_layer):

@@ -18,6 +18,7 @@ kernel (``kernels``)  reference
 ``attend_rows``       :func:`attend_rows_ref`
 ``correct_folded``    :func:`correct_folded_ref`
 ``ffn_rows``          :func:`ffn_rows_ref`
+``linear_rows``       :func:`linear_rows_ref`
 ==================  ==============================================================
 """
 
@@ -109,8 +110,13 @@ def qkv_rope_ref(
     qscale: torch.Tensor | None,  # [N]
     num_heads: int,
     num_kv_heads: int,
+    count: torch.Tensor | None = None,  # [1] int: only rows[:count] computed; the rest of the pools is zero
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     d = w_qkv.shape[0] // (num_heads + 2 * num_kv_heads)
+    if count is not None:
+        live = qkv_rope_ref(h, rows[: int(count)], norm_weight, eps, w_qkv, b_qkv, cos, sin, qscale, num_heads,
+                            num_kv_heads)
+        return tuple(torch.cat([t, t.new_zeros(rows.shape[0] - t.shape[0], *t.shape[1:])]) for t in live)
     layer = SimpleNamespace(input_norm=norm_weight, eps=eps, wqkv=w_qkv, bqkv=b_qkv, hq=num_heads,
                             hkv=num_kv_heads, d=d)
     rows = rows.long()
@@ -131,8 +137,12 @@ def attend_rows_ref(
     scale: float,
     orow: torch.Tensor,  # [K, N] int
     out_rows: int,
+    prefix_len: torch.Tensor | None = None,  # [1] int: live keys of the prefix view
 ) -> AttnState:
     k, n = table.shape
+    if prefix_len is not None and prefix_k is not None:
+        live = int(prefix_len)
+        prefix_k, prefix_v = prefix_k[..., :live, :], prefix_v[..., :live, :]
     listed = torch.arange(n, device=q.device)[None, :] < counts[:, None].long()
     rows = ((torch.arange(k, device=q.device)[:, None] * n + lists.long().clamp(min=0))[listed])  # [R']
     if prefix_k is not None and prefix_k.dim() == 4:
@@ -192,8 +202,22 @@ def ffn_rows_ref(
     w_gate_up: torch.Tensor,  # [2F, E]
     w_down: torch.Tensor,  # [E, F]
     out: torch.Tensor,  # [M, E]
+    count: torch.Tensor | None = None,  # [1] int: only rows[:count] computed
 ) -> torch.Tensor:
     layer = SimpleNamespace(post_norm=norm_weight, eps=eps, w_gate_up=w_gate_up, w_down=w_down)
-    rows = rows.long()
+    rows = rows.long()[: None if count is None else int(count)]
     out[rows] = Layer.ffn(layer, h[rows])
+    return out
+
+
+def linear_rows_ref(
+    x: torch.Tensor,  # [R, F] (with gather: [M, F])
+    rows: torch.Tensor,  # [R] int
+    w: torch.Tensor,  # [E, F]
+    out: torch.Tensor,  # [M, E]
+    count: torch.Tensor | None = None,  # [1] int: only rows[:count] projected
+    gather: bool = False,
+) -> torch.Tensor:
+    rows = rows.long()[: None if count is None else int(count)]
+    out[rows] = torch.nn.functional.linear(x[rows] if gather else x[: rows.shape[0]], w)
     return out

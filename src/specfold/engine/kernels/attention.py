@@ -55,7 +55,7 @@ def _attend_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, key_mask, scale, NATIVE: tl.c
 
 @triton.jit
 def _attend_rows_kernel(
-    q_ptr, qrow_ptr, list_ptr, cnt_ptr, orow_ptr, table_ptr,
+    q_ptr, qrow_ptr, list_ptr, cnt_ptr, orow_ptr, table_ptr, plen_ptr,
     pk_ptr, pv_ptr, kp_ptr, vp_ptr,
     m_ptr, z_ptr, o_ptr,
     N, P, scale,
@@ -63,8 +63,8 @@ def _attend_rows_kernel(
     stride_pkb, stride_pkh, stride_pkp, stride_pvb, stride_pvh, stride_pvp,
     stride_kr, stride_kh, stride_vr, stride_vh,
     HQ: tl.constexpr, G: tl.constexpr, G_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PREFIX: tl.constexpr, NATIVE: tl.constexpr,
-    FIX: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_PLEN: tl.constexpr,
+    NATIVE: tl.constexpr, FIX: tl.constexpr,
 ):
     i = tl.program_id(0)
     mb = tl.program_id(1)
@@ -89,6 +89,8 @@ def _attend_rows_kernel(
     acc = tl.zeros([BLOCK_M * G_P, D_P], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     if HAS_PREFIX:
+        if HAS_PLEN:  # a device-side prefix length inside a longer view (CUDA graphs replay one bucket)
+            P = tl.minimum(tl.load(plen_ptr), P)
         pk = pk_ptr + i.to(tl.int64) * stride_pkb + hk * stride_pkh
         pv = pv_ptr + i.to(tl.int64) * stride_pvb + hk * stride_pvh
         for p0 in range(0, P, BLOCK_N):
@@ -131,9 +133,12 @@ def attend_rows(
     scale: float,
     orow: torch.Tensor,  # [K, N] int: output row of (branch, position)
     out_rows: int,
+    prefix_len: torch.Tensor | None = None,  # [1] int32 on the device: keys past it in the prefix view are unused
 ) -> AttnState:
     """Streaming attention of the listed rows. Returns ``m, z [out_rows, Hq]`` and ``o [out_rows, Hq, D]`` in fp32;
-    output rows that no listed row names are left uninitialised."""
+    output rows that no listed row names are left uninitialised. Programs whose row block lies past their branch's
+    count exit at once, so a launch over lists with zero counts costs no arithmetic. ``prefix_len`` (at most the
+    view's ``P``) lets one launch — one CUDA graph — serve every prefix length up to ``P``."""
     check_tensor("q", q, 3, SUPPORTED_DTYPES)
     check_inner_contiguous("q", q)
     _, hq, d = q.shape
@@ -161,7 +166,10 @@ def attend_rows(
         check_inner_contiguous("prefix_k", prefix_k)
         check_inner_contiguous("prefix_v", prefix_v)
         check(prefix_k.dtype == q.dtype and prefix_v.dtype == q.dtype, "prefix must have the query dtype")
-    check_device(q, qrow, lists, counts, pool_k, pool_v, table, orow, prefix_k if has_prefix else None)
+    if prefix_len is not None:
+        check_tensor("prefix_len", prefix_len, 1, (torch.int32,))
+        check(prefix_len.shape[0] == 1, f"prefix_len must be [1], got {tuple(prefix_len.shape)}")
+    check_device(q, qrow, lists, counts, pool_k, pool_v, table, orow, prefix_k if has_prefix else None, prefix_len)
 
     def strides(t: torch.Tensor | None) -> tuple[int, int, int]:
         if t is None:
@@ -182,11 +190,11 @@ def attend_rows(
     plen = prefix_k.shape[-2] if has_prefix else 0
     _attend_rows_kernel[(k, triton.cdiv(n, block_m), hkv)](
         q, qrow.contiguous(), lists.contiguous(), counts.contiguous(), orow.contiguous(), table.contiguous(),
-        pk, pv, pool_k, pool_v, m, z, o,
+        prefix_len if prefix_len is not None else counts, pk, pv, pool_k, pool_v, m, z, o,
         n, plen, float(scale), q.stride(0), q.stride(1),
         *strides(prefix_k if has_prefix else None), *strides(prefix_v if has_prefix else None),
         pool_k.stride(0), pool_k.stride(1), pool_v.stride(0), pool_v.stride(1),
         HQ=hq, G=g, G_P=g_p, D=d, D_P=pow2(d, 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_PREFIX=has_prefix, NATIVE=native_dot(q.dtype), FIX=fix_rounding(q.dtype),
+        HAS_PREFIX=has_prefix, HAS_PLEN=prefix_len is not None, NATIVE=native_dot(q.dtype), FIX=fix_rounding(q.dtype),
     )
     return AttnState(m=m, z=z, o=o)

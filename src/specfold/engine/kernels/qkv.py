@@ -32,16 +32,20 @@ from specfold.engine.kernels._common import (
 
 @triton.jit
 def _qkv_rope_kernel(
-    h_ptr, rows_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, qs_ptr, q_ptr, k_ptr, v_ptr,
+    h_ptr, rows_ptr, cnt_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, qs_ptr, q_ptr, k_ptr, v_ptr,
     R, N, E, eps, stride_h, stride_w, stride_cos,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF_P: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_QSCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_COUNT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NATIVE: tl.constexpr, FIX: tl.constexpr,
 ):
     dtype = h_ptr.dtype.element_ty
     HALF: tl.constexpr = D // 2
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
+    if HAS_COUNT:  # the grid covers the upper bound; blocks past the device-side count exit before any load
+        R = tl.minimum(tl.load(cnt_ptr), R)
+    if pid_m * BLOCK_M >= R:
+        return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = offs_m < R
     rows = tl.load(rows_ptr + offs_m, mask=mm, other=0).to(tl.int64)
@@ -113,9 +117,11 @@ def qkv_rope(
     qscale: torch.Tensor | None,  # [N] Llama-4 query scale, or None
     num_heads: int,
     num_kv_heads: int,
+    count: torch.Tensor | None = None,  # [1] int32 on the device: only rows[:count] are computed (sync-free)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm → QKV GEMM → RoPE (→ query scale) on the listed rows. Returns pools ``q [R, Hq, D]``,
-    ``k, v [R, Hkv, D]`` (model dtype); pool row ``r`` belongs to ``rows[r]``."""
+    ``k, v [R, Hkv, D]`` (model dtype); pool row ``r`` belongs to ``rows[r]``. With ``count`` the launch covers all
+    ``R`` rows (an upper bound) and pool rows from ``count`` on are left uninitialised, at no arithmetic."""
     check_tensor("h", h, 2, SUPPORTED_DTYPES)
     check_inner_contiguous("h", h)
     m, e = h.shape
@@ -139,7 +145,10 @@ def qkv_rope(
     check(cos.stride() == sin.stride() and cos.stride(1) == 1, "cos and sin must share strides, contiguous in D")
     if qscale is not None:
         check(tuple(qscale.shape) == (n,), f"qscale must be [{n}], got {tuple(qscale.shape)}")
-    check_device(h, rows, norm_weight, w_qkv, b_qkv, cos, sin, qscale)
+    if count is not None:
+        check_tensor("count", count, 1, (torch.int32,))
+        check(count.shape[0] == 1, f"count must be [1], got {tuple(count.shape)}")
+    check_device(h, rows, norm_weight, w_qkv, b_qkv, cos, sin, qscale, count)
     r = rows.shape[0]
     q = torch.empty(r, hq, d, dtype=h.dtype, device=h.device)
     k = torch.empty(r, hkv, d, dtype=h.dtype, device=h.device)
@@ -150,10 +159,12 @@ def qkv_rope(
     block_m = min(pow2(r, 16), 64)
     block_k = min(pow2(e, 16), 64)
     _qkv_rope_kernel[(triton.cdiv(r, block_m), hq + 2 * hkv)](
-        h, rows.contiguous(), norm_weight.contiguous(), w_qkv, b_qkv if b_qkv is not None else w_qkv,
+        h, rows.contiguous(), count if count is not None else rows, norm_weight.contiguous(), w_qkv,
+        b_qkv if b_qkv is not None else w_qkv,
         cos, sin, qscale.contiguous() if qscale is not None else cos, q, k, v,
         r, n, e, float(eps), h.stride(0), w_qkv.stride(0), cos.stride(0),
         HQ=hq, HKV=hkv, D=d, HALF_P=pow2(d // 2, 16), HAS_BIAS=b_qkv is not None, HAS_QSCALE=qscale is not None,
-        BLOCK_M=block_m, BLOCK_K=block_k, NATIVE=native_dot(h.dtype), FIX=fix_rounding(h.dtype),
+        HAS_COUNT=count is not None, BLOCK_M=block_m, BLOCK_K=block_k, NATIVE=native_dot(h.dtype),
+        FIX=fix_rounding(h.dtype),
     )
     return q, k, v
