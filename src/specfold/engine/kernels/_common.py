@@ -2,8 +2,9 @@
 
 Dot policy (``NATIVE_DOT``): on a GPU, bf16/fp16 tiles go to ``tl.dot`` as they are (fp32 accumulation, as
 cuBLAS/FlashAttention do); fp32 tiles use ``input_precision="ieee"`` (no TF32, so fp32 models stay fp32-exact).
-In the interpreter low-precision arithmetic is unreliable, so every tile is widened to fp32 before the dot —
-bf16 × bf16 products are exact in fp32, so this is the same math as the GPU's fp32-accumulating MMA.
+In the interpreter low-precision arithmetic is unreliable, so every tile is widened before the dot (to fp64, see
+``_WIDE``) and the result rounded to fp32 — bf16 × bf16 products are exact in fp32, so this is the GPU's
+fp32-accumulating MMA up to the accumulation's rounding.
 """
 
 from __future__ import annotations
@@ -54,12 +55,18 @@ def pow2(x: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(x)))
 
 
+# NOTE: the interpreter's dot is a BLAS call whose rounding can depend on a row's place in the tile; on a GPU every
+# row of a tile runs the same MMA sequence. Widening to fp64 there (then rounding to fp32) keeps identical rows
+# bit-identical wherever they sit — what δ = 0 folding relies on — and is only more accurate.
+_WIDE = tl.constexpr(tl.float64 if interpreting() else tl.float32)
+
+
 @triton.jit
 def dot(a, b, NATIVE: tl.constexpr):
     """``a @ b`` with fp32 accumulation (see the module docstring for the policy)."""
     if NATIVE:
         return tl.dot(a, b)
-    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a.to(_WIDE), b.to(_WIDE), input_precision="ieee").to(tl.float32)
 
 
 def fix_rounding(dtype: torch.dtype) -> bool:
