@@ -3,7 +3,8 @@
 #
 #   scripts/gpu_check.sh            # writes ${OUT:-.}/gpu_check.json and prints a short table
 #
-# 1. The kernel tests (tests/engine/test_kernel_*.py) on CUDA, TRITON_INTERPRET unset — if pytest is installed.
+# 1. The kernel tests (tests/engine/test_kernel_*.py, test_triton_decode.py) on CUDA, TRITON_INTERPRET unset, and
+#    the `-m gpu` tests (tests/engine/test_gpu.py: the shipped model's Triton decodes on CUDA) — if pytest is installed.
 # 2. A layer-level kernel check at the real shapes (always): one folded layer at fast-dllm-v2-1.5b and nld-8b,
 #    Triton vs the torch engine, both vs an fp32 torch reference (bf16: Triton's error ≤ 2× torch-bf16's + floor).
 # 3. The layer benchmark: dense (torch, batched GEMMs) vs folded triton vs folded torch, B = 7, P = 512, bf16,
@@ -27,7 +28,10 @@ tests_rc=0
 if "$PY" -c "import pytest" 2>/dev/null; then
     timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/engine/test_kernel_gate.py \
         tests/engine/test_kernel_qkv.py tests/engine/test_kernel_attention.py tests/engine/test_kernel_backend.py \
-        tests/engine/test_sync_free.py tests/engine/test_graphs.py || tests_rc=$?
+        tests/engine/test_sync_free.py tests/engine/test_graphs.py tests/engine/test_triton_decode.py || tests_rc=$?
+    # -m gpu replaces the default `-m 'not slow'` (the file is named so that collection needs no test-only packages)
+    timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py \
+        || { rc=$?; [ "$tests_rc" -ne 0 ] || tests_rc=$rc; }
 else
     echo "gpu_check: pytest not installed, kernel test files skipped (the layer check still covers every kernel)" >&2
     tests_rc=-1

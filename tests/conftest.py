@@ -1,9 +1,18 @@
-"""Shared fixtures: fixed seeds, random checkpoints of both families in the real on-disk format."""
+"""Shared fixtures: fixed seeds, random checkpoints of both families in the real on-disk format.
+
+Without CUDA, Triton kernels run in its interpreter: ``TRITON_INTERPRET=1`` must be set before the first kernel
+module is imported (``triton.jit`` reads it), so it is set here, when pytest starts, for every test file (the
+kernel tests in tests/engine and the full decodes of tests/test_embedded.py alike)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from specfold.model.random_checkpoint import write_random_checkpoint
 

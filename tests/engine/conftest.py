@@ -1,7 +1,5 @@
-"""Kernel-test setup: Triton's interpreter on CPU, the device for kernel inputs, and the tolerance rules.
-
-``TRITON_INTERPRET=1`` must be set before the first kernel module is imported (``triton.jit`` reads it), so it is
-set here, at collection, whenever CUDA is unavailable. Torch-only tests are unaffected.
+"""Kernel-test setup: the device for kernel inputs and the tolerance rules (Triton's interpreter on CPU is switched
+on in tests/conftest.py, before any kernel module is imported).
 
 Tolerances (see ``assert_matches``): fp32 storage is compared to an fp64 reference with a stated ``rtol``/``atol``;
 bf16 storage follows the FlashAttention rule — the kernel's error against the fp64 reference may be at most 2×
@@ -10,13 +8,8 @@ the error of the same math done by the torch reference in bf16, plus a small abs
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FP32_TOL = {"rtol": 2e-5, "atol": 2e-5}
 LOWP_FACTOR = 2.0  # FlashAttention: kernel error ≤ 2 × error of the same math in torch at low precision

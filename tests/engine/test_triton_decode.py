@@ -1,0 +1,48 @@
+"""Full decodes with ``FoldedVerifier(backend="triton")`` at δ = 0: token for token the vanilla trajectory, for both
+families — the default tier's version of tests/test_embedded.py's slow Triton identity test (the embedded model's 8
+layers cost about 40 s in the interpreter even at B = 1, 2 passes: every program of its FFN and QKV GEMMs loops over
+the hidden size; this 1-layer, width-32 random model costs a few seconds).
+
+The draft graph is calibrated on the decoded prompt itself, so drafts are accepted (an accepted draft's logits come
+from its folded rows) and the pass folds rows (at least every unchanged position of a draft at layer 0)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from specfold.api import record_counts  # noqa: E402
+from specfold.config import DecodeConfig  # noqa: E402
+from specfold.decoding.calibration import graph_from_counts  # noqa: E402
+from specfold.decoding.decoder import decode  # noqa: E402
+from specfold.decoding.speculative import GraphDrafter  # noqa: E402
+from specfold.engine.folded import FoldedVerifier  # noqa: E402
+from specfold.model.loading import load_model  # noqa: E402
+from specfold.model.random_checkpoint import write_random_checkpoint  # noqa: E402
+
+SHAPE = {"vocab_size": 64, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "num_layers": 1,
+         "intermediate_size": 48, "mask_token_id": 63, "eos_token_id": 62}
+
+
+@pytest.mark.parametrize("family", ["fast_dllm_v2", "nld"])
+def test_triton_decode_at_delta_zero_is_token_identical(family, tmp_path, device):
+    model = load_model(write_random_checkpoint(tmp_path / family, family, seed=3, **SHAPE), dtype="fp32",
+                       device=device)
+    small = 4 if family == "fast_dllm_v2" else None
+    cfg = DecodeConfig(max_new_tokens=8, block_size=8, small_block_size=small)
+    prompt = torch.randint(0, 60, (5,), generator=torch.Generator().manual_seed(7)).tolist()
+    graph = graph_from_counts(record_counts(model, [prompt], cfg, max_depth=3), 3)
+    drafter = GraphDrafter(graph, model.mask_id, small, model.stop_id, device=device)
+    vanilla = decode(model, prompt, cfg)
+    runs = {backend: decode(model, prompt, cfg, verifier=FoldedVerifier(model.net, 0.0, backend=backend),
+                            drafter=drafter) for backend in ("torch", "triton")}
+    for backend, res in runs.items():
+        assert res.token_ids == vanilla.token_ids, backend
+        assert sum(res.steps_per_block) == sum(vanilla.steps_per_block), backend
+    got, ref = runs["triton"], runs["torch"]
+    assert got.accepted_drafts > 0 and got.nfe_denoise < vanilla.nfe_denoise  # drafts were verified and accepted
+    assert got.engine_stats["folded_triples"] > 0 and got.engine_stats["corrected_rows"] > 0
+    for key in ("draft_triples", "folded_triples", "corrected_rows", "guard_fallbacks"):  # the torch engine's gates
+        assert got.engine_stats[key] == ref.engine_stats[key], key
