@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.calibration import count_formulas, counts_from_json, graph_from_counts
+from specfold.decoding.acceptance import BlockTrace, CalibrationPaths
+from specfold.decoding.calibration import count_formulas, counts_from_json, graph_from_counts, graph_from_paths
 from specfold.decoding.decoder import Drafter, GenerationResult, decode
 from specfold.decoding.draft_graph import DraftGraph, Formula
 from specfold.decoding.speculative import GraphDrafter, TraceRecorder
@@ -30,13 +31,15 @@ __all__ = [
     "load_model",
     "prepare_method",
     "record_counts",
+    "record_traces",
     "resolve_graph",
 ]
 
 METHODS = ("vanilla", "spiffy", "specfold")
 DEFAULT_BUDGET = 7
 GRAPH_FILE = "draft_graph.json"  # a calibrated graph shipped beside a checkpoint (B = 7)
-COUNTS_FILE = "draft_graph.counts.json"  # its counts, as `specfold calibrate` writes them: any B / depth cap
+COUNTS_FILE = "draft_graph.counts.json"  # its counts, as `specfold calibrate` writes them
+PATHS_FILE = "draft_graph.paths.json"  # its calibration paths: any B / depth cap / objective is re-selected from them
 
 
 def encode_prompt(model: LoadedModel, prompt: str, chat: bool = True) -> list[int]:
@@ -93,15 +96,17 @@ def resolve_graph(
     elif graph is not None:
         g = DraftGraph.load(graph, expect_budget=budget if depth is None else None)
     else:
-        shipped, counts_path = model.path / GRAPH_FILE, model.path / COUNTS_FILE
+        shipped, counts_path, paths_path = model.path / GRAPH_FILE, model.path / COUNTS_FILE, model.path / PATHS_FILE
         if shipped.is_file() and budget in (None, DEFAULT_BUDGET) and depth is None:
             return DraftGraph.load(shipped)
+        b = budget or DEFAULT_BUDGET
+        if paths_path.is_file():
+            paths = CalibrationPaths.load(paths_path)
+            return graph_from_paths(paths, b, depth, model=model.name, provenance={"source": PATHS_FILE})
         if not counts_path.is_file():
             raise ValueError(f"no draft graph for {model.path}: pass --graph FILE (make one with `specfold calibrate`)")
         counts = counts_from_json(json.loads(counts_path.read_text()))
-        return graph_from_counts(
-            counts, budget or DEFAULT_BUDGET, depth, model=model.name, provenance={"source": str(counts_path)}
-        )
+        return graph_from_counts(counts, b, depth, model=model.name, provenance={"source": COUNTS_FILE})
     return g.restricted(depth) if depth is not None else g
 
 
@@ -179,6 +184,24 @@ def generate(
     return result
 
 
+def record_traces(
+    model: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    cfg: DecodeConfig,
+    max_vocab_rank: int = 8,
+    progress: Callable[[int], None] | None = None,
+) -> list[list[BlockTrace]]:
+    """Decode calibration prompts vanilla and keep every block's trajectory (one list of blocks per prompt)."""
+    out: list[list[BlockTrace]] = []
+    for i, ids in enumerate(prompts):
+        recorder = TraceRecorder(model.mask_id, cfg.small_block_size, model.stop_id, max_vocab_rank)
+        decode(model, list(ids), cfg, observer=recorder)
+        out.append(recorder.traces)
+        if progress is not None:
+            progress(i + 1)
+    return out
+
+
 def record_counts(
     model: LoadedModel,
     prompts: Sequence[Sequence[int]],
@@ -188,11 +211,5 @@ def record_counts(
     progress: Callable[[int], None] | None = None,
 ) -> Counter[Formula]:
     """Decode calibration prompts vanilla and count every real transition as a draft formula (SPEC §3)."""
-    counts: Counter[Formula] = Counter()
-    for i, ids in enumerate(prompts):
-        recorder = TraceRecorder(model.mask_id, cfg.small_block_size, model.stop_id, max_vocab_rank)
-        decode(model, list(ids), cfg, observer=recorder)
-        counts.update(count_formulas(recorder.traces, max_depth, max_vocab_rank))
-        if progress is not None:
-            progress(i + 1)
-    return counts
+    traces = record_traces(model, prompts, cfg, max_vocab_rank, progress)
+    return count_formulas([t for blocks in traces for t in blocks], max_depth, max_vocab_rank)

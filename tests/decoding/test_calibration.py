@@ -10,13 +10,21 @@ from collections import Counter
 import pytest
 import torch
 
+from specfold.decoding.acceptance import Acceptance, BlockPaths, BlockTrace, CalibrationPaths, replay_paths
 from specfold.decoding.calibration import (
-    BlockTrace,
+    OBJECTIVES,
+    BudgetError,
     calibrate,
+    candidates,
     count_formulas,
+    cross_validate,
     formulas_of_block,
-    objective,
+    graph_from_paths,
+    knapsack,
+    pass_weighted_counts,
     select_graph,
+    select_nodes,
+    spiffy_objective,
 )
 from specfold.decoding.draft_graph import DraftGraph, formula_parent, formula_to_str, parse_formula
 from specfold.decoding.drafts import DraftContext, build_drafts, compile_graph, draft_context
@@ -97,7 +105,7 @@ def test_selection_beats_greedy():
     # Greedy on the frontier would take (2,1) (w=7) first, then (1,1): 12. The optimum is (1,1) + its child: 5 + 10.
     chosen = select_graph(counts, 2)
     assert chosen == [a, ab]
-    assert objective(chosen, counts) == 15
+    assert spiffy_objective(chosen, counts) == 15
 
 
 def test_selection_adds_zero_count_ancestors_and_small_budgets():
@@ -112,7 +120,15 @@ def test_selection_adds_zero_count_ancestors_and_small_budgets():
     assert [formula_to_str(q) for q in select_graph(counts, 3, depth_cap=2)] == ["(2,1)"]
 
 
-def _brute_force(counts: Counter, budget: int, depth_cap: int | None) -> list:
+def _parent_closed_sets(cands, budget):
+    """Every parent-closed subset of ``cands`` of size ``budget``, in lexicographic order of ``cands``."""
+    for combo in itertools.combinations(cands, budget):
+        s = set(combo)
+        if all(len(q) == 1 or formula_parent(q) in s for q in s):
+            yield combo
+
+
+def _brute_force(counts: Counter, budget: int, depth_cap: int | None, objective: str = "spiffy") -> list:
     cands = set()
     for q, n in counts.items():
         if n > 0 and (depth_cap is None or len(q) <= depth_cap):
@@ -121,17 +137,16 @@ def _brute_force(counts: Counter, budget: int, depth_cap: int | None) -> list:
                 q = formula_parent(q)
 
     def w(q):
+        if objective == "counts":
+            return counts.get(q, 0)
         return counts.get(q, 0) + (counts.get(formula_parent(q), 0) if len(q) > 1 else 0)
 
     pref = sorted(cands, key=lambda q: (-w(q), -counts.get(q, 0), len(q), formula_to_str(q)))
     if len(pref) <= budget:
         return sorted(pref, key=lambda q: (len(q), pref.index(q)))
     best = None
-    for combo in itertools.combinations(pref, budget):  # combinations of a sorted list come in lexicographic order
-        s = set(combo)
-        if any(len(q) > 1 and formula_parent(q) not in s for q in s):
-            continue
-        val = sum(w(q) for q in s)
+    for combo in _parent_closed_sets(pref, budget):  # lexicographic order of the preference list
+        val = sum(w(q) for q in combo)
         if best is None or val > best[0]:  # first optimum in lexicographic order = preferred tie-break
             best = (val, combo)
     return sorted(best[1], key=lambda q: (len(q), pref.index(q)))
@@ -158,6 +173,10 @@ def test_selection_matches_brute_force(seed):
     counts = _random_counts(rng)
     for budget in (1, 2, 3, 5):
         for depth_cap in (None, 2):
+            for objective in ("spiffy", "counts"):
+                assert select_graph(counts, budget, depth_cap, objective) == _brute_force(
+                    counts, budget, depth_cap, objective
+                ), (seed, budget, depth_cap, objective)
             chosen = select_graph(counts, budget, depth_cap)
             expected = _brute_force(counts, budget, depth_cap)
             assert chosen == expected, (seed, budget, depth_cap)
@@ -166,6 +185,102 @@ def test_selection_matches_brute_force(seed):
             assert all(len(q) == 1 or formula_parent(q) in ids for q in chosen)  # parent closure
             assert all(depth_cap is None or len(q) <= depth_cap for q in chosen)
             DraftGraph.from_formulas(chosen, depth_cap=depth_cap)  # valid graph
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Selection from paths: the acceptance objective
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _f(text: str):
+    return parse_formula(text)
+
+
+def _block(steps: int, paths: dict[int, str]) -> BlockPaths:
+    return BlockPaths(steps, tuple(_f(paths.get(t, "")) for t in range(steps)))
+
+
+def test_acceptance_objective_sees_the_steps_a_pass_skips():
+    # X is right at four consecutive steps of one block, but after a pass accepts it the next step has no pass:
+    # drafting X accepts 2. Y is right once in each of three other blocks: 3. Counts prefer X (4 > 3).
+    x, y = "(1,1)", "(2,1)"
+    blocks = [_block(6, {1: x, 2: x, 3: x, 4: x})] + [_block(3, {1: y})] * 3
+    assert select_nodes(blocks, 1, objective="counts") == [_f(x)]
+    assert replay_paths(blocks, [_f(x)]).accepted == 2 and replay_paths(blocks, [_f(y)]).accepted == 3
+    assert select_nodes(blocks, 1, objective="acceptance") == [_f(y)]
+    assert pass_weighted_counts(blocks, [_f(x)])[_f(x)] == 2  # X at steps 1 and 3 only
+
+
+def _random_paths(rng: random.Random) -> list[BlockPaths]:
+    steps_pool = ["(1,1)", "(2,1)", "(1,1)+(2,1)", "(1,2)", "(3,1)"]
+    blocks = []
+    for _ in range(rng.randint(2, 6)):
+        steps = rng.randint(1, 6)
+        paths = [()]
+        for t in range(1, steps):
+            depth = rng.randint(0, min(3, steps - 1 - t))
+            used: set[int] = set()
+            path = []
+            for _ in range(depth):
+                step = _f(rng.choice(steps_pool))[0]
+                if used & {r for r, _ in step}:
+                    break
+                used |= {r for r, _ in step}
+                path.append(step)
+            paths.append(tuple(path))
+        blocks.append(BlockPaths(steps, tuple(paths[:steps])))
+    return blocks
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_acceptance_selection_against_brute_force(seed):
+    rng = random.Random(seed)
+    blocks = _random_paths(rng)
+    counts = Counter()
+    for b in blocks:
+        counts.update(b.formulas())
+    cands = sorted(candidates(counts), key=formula_to_str)
+    for budget in (1, 2, 3):
+        if len(cands) < budget:
+            with pytest.raises(BudgetError, match=f"only {len(cands)} distinct formulas"):
+                select_nodes(blocks, budget)
+            continue
+        chosen = select_nodes(blocks, budget)
+        assert len(chosen) == budget and all(len(q) == 1 or formula_parent(q) in chosen for q in chosen)
+        got = replay_paths(blocks, chosen).accepted
+        # never worse in-sample than the counts and spiffy graphs it starts from / competes with
+        for other in ("counts", "spiffy"):
+            assert got >= replay_paths(blocks, select_nodes(blocks, budget, objective=other)).accepted
+        # the knapsack is exact for the pass weights: at a fixed point no parent-closed set beats the choice
+        w = pass_weighted_counts(blocks, chosen)
+        if knapsack(w, counts, budget) == chosen:
+            best = max(sum(w[q] for q in s) for s in _parent_closed_sets(cands, budget))
+            assert sum(w[q] for q in chosen) == best == got
+        # and the true optimum (brute force over every parent-closed set) bounds it
+        assert got <= max(replay_paths(blocks, s).accepted for s in _parent_closed_sets(cands, budget))
+
+
+def test_budget_error_says_why():
+    blocks = [_block(3, {1: "(1,1)"})]
+    with pytest.raises(BudgetError, match="cannot select 7 draft nodes: 1 calibration blocks hold only 1 distinct"):
+        select_nodes(blocks, 7)
+    assert select_nodes(blocks, 7, strict=False) == [_f("(1,1)")]
+    with pytest.raises(ValueError, match="unknown objective"):
+        select_nodes(blocks, 1, objective="medusa")
+
+
+def test_held_out_estimate_uses_only_the_other_folds():
+    # Each prompt has its own formula: in-sample every block accepts one draft, held out none can.
+    prompts = tuple((_block(3, {1: f"({r},1)"}),) for r in (1, 2, 3, 4))
+    paths = CalibrationPaths(prompts, max_depth=4, max_vocab_rank=8)
+    graph = graph_from_paths(paths, 3, objective="counts", folds=4)
+    acc = graph.provenance["acceptance"]
+    assert acc["in_sample"]["accepted"] == 3 and acc["held_out"]["accepted"] == 0 and acc["folds"] == 4
+    assert acc["replay"] == "paths (formula semantics)"
+    assert set(acc["held_out_by_objective"]) == set(OBJECTIVES)
+    heldout = cross_validate(4, 2, lambda ids: [f for i in ids for f in paths.prompts[i][0].formulas()],
+                             lambda ids, nodes: replay_paths([paths.prompts[i][0] for i in ids], nodes))
+    assert heldout == Acceptance(blocks=4, steps=12, passes=12, accepted=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -204,11 +319,15 @@ def vanilla_trace(model: FakeModel, first: int, j: int) -> BlockTrace:
 def test_calibrate_end_to_end_consistent_with_build_drafts(tmp_path):
     model = FakeModel(0)
     traces = [vanilla_trace(model, first, 4) for first in range(MASK)]
-    graph = calibrate(traces, budget=6, depth_cap=3, max_vocab_rank=4, model="fake", provenance={"source": "test"})
+    graph, _ = calibrate(
+        [[t] for t in traces], budget=6, depth_cap=3, objective="spiffy", max_vocab_rank=4, model="fake",
+        provenance={"source": "test"},
+    )
     assert graph.budget == 6 and graph.depth_cap == 3 and graph.model == "fake"
-    assert graph.provenance["source"] == "test" and graph.provenance["blocks"] == len(traces)
+    assert graph.provenance["source"] == "test" and graph.provenance["calibration"]["blocks"] == len(traces)
     counts = count_formulas(traces, 3, 4)
-    assert graph.provenance["objective"] == objective(graph.nodes[1:], counts)
+    assert graph.provenance["objective"] == "spiffy"
+    assert list(graph.nodes[1:]) == select_graph(counts, 6, 3)
     assert graph.provenance["counts"] == {formula_to_str(q): counts[q] for q in graph.nodes[1:]}
     graph.to_json(tmp_path / "g.json")
     assert DraftGraph.load(tmp_path / "g.json", expect_budget=6) == graph

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from specfold.cli.common import (
     UsageError,
@@ -13,15 +14,18 @@ from specfold.cli.common import (
     positive_int,
     progress_bar,
 )
+from specfold.decoding.calibration import DEFAULT_OBJECTIVE, OBJECTIVES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calibrate",
         help="calibrate a draft graph from vanilla trajectories",
-        description="Decode calibration prompts vanilla, count each real transition as a draft "
-        "formula, and select B nodes by degree-1 accumulation with parent closure. Writes the graph "
-        "and the counts (OUT stem + .counts.json), from which any B / depth cap can be re-selected.",
+        description="Decode calibration prompts vanilla, record each real transition as a draft formula, and "
+        "select B parent-closed nodes maximising the drafts accepted per verification pass (replayed offline on "
+        "the recorded trajectories). Prints the expected acceptance in-sample and held out (cross-validation over "
+        "prompts); writes the graph, its counts (OUT stem + .counts.json) and its paths (OUT stem + .paths.json), "
+        "from which any B / depth cap / objective is re-selected.",
     )
     p.add_argument("--out", required=True, help="graph JSON to write")
     p.add_argument("--samples", type=positive_int, default=50, help="calibration prompts (default 50)")
@@ -35,6 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--budget", type=positive_int, default=7, help="draft budget B (default 7)")
     p.add_argument("--depth", type=positive_int, default=None, help="cap on the graph depth")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default=DEFAULT_OBJECTIVE,
+        help="selection objective: acceptance (drafts accepted per pass, default), counts (a pass at every step), "
+        "spiffy (degree-1 accumulation, for comparison)",
+    )
+    p.add_argument("--folds", type=positive_int, default=5, help="cross-validation folds for the held-out estimate")
     add_model_args(p)
     add_decode_args(p)
     p.set_defaults(func=run)
@@ -43,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from specfold.api import decode_config_for, encode_prompt, record_counts
-    from specfold.decoding.calibration import counts_to_json, graph_from_counts
+    from specfold.api import decode_config_for, encode_prompt, record_traces
+    from specfold.decoding.calibration import BudgetError, calibrate, counts_to_json
 
     model = load_from_args(args)
     if args.data_dir:
@@ -64,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = decode_config_for(model, args.max_new_tokens, args.threshold, args.block_size, args.small_block_size)
     prompts = [encode_prompt(model, s.prompt, chat=not args.no_chat) for s in samples]
     bar = progress_bar(len(prompts), "calibrate")
-    counts = record_counts(model, prompts, cfg, max_depth=args.count_depth, progress=lambda i: bar.update(1))
+    traces = record_traces(model, prompts, cfg, progress=lambda i: bar.update(1))
     bar.close()
     provenance = {
         "samples": len(prompts),
@@ -73,23 +85,43 @@ def run(args: argparse.Namespace) -> int:
         "block_size": cfg.block_size,
         "small_block_size": cfg.small_block_size,
         "max_new_tokens": cfg.max_new_tokens,
-        "max_depth_counted": args.count_depth,
     }
-    graph = graph_from_counts(counts, args.budget, args.depth, model=model.name, provenance=provenance)
+    try:
+        graph, paths = calibrate(
+            traces, args.budget, args.depth, args.objective, args.count_depth, folds=args.folds, model=model.name,
+            provenance=provenance,
+        )
+    except BudgetError as err:
+        raise UsageError(f"{err} (--samples {args.samples}, --budget {args.budget})") from None
+    counts = paths.counts()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     graph.to_json(out)
     counts_path = out.with_name(out.stem + ".counts.json")
     counts_path.write_text(json.dumps(counts_to_json(counts), indent=1) + "\n")
+    paths_path = out.with_name(out.stem + ".paths.json")
+    paths.to_json(paths_path)
+    acc = graph.provenance["acceptance"]
+    held = acc["held_out"]
+    print(
+        f"expected accepted drafts per pass: {acc['in_sample']['accepted_per_pass']:.3f} in-sample, "
+        + (f"{held['accepted_per_pass']:.3f} held out ({acc['folds']}-fold)" if held else "no held-out estimate")
+        + f"; passes saved {acc['in_sample']['passes_saved']:.1%} in-sample",
+        file=sys.stderr,
+    )
     print(
         json.dumps(
             {
                 "graph": str(out),
                 "counts": str(counts_path),
+                "paths": str(paths_path),
+                "objective": args.objective,
                 "budget": graph.budget,
                 "depth_cap": graph.depth_cap,
                 "nodes": graph.strings()[1:],
                 "observations": sum(counts.values()),
+                "accepted_per_pass": acc["in_sample"]["accepted_per_pass"],
+                "held_out_accepted_per_pass": held["accepted_per_pass"] if held else None,
             }
         )
     )

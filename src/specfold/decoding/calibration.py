@@ -1,46 +1,58 @@
 """Calibrating a draft graph from vanilla trajectories (SPEC §3, "Calibration").
 
-Dims: ``N`` block length, ``J`` vocab ranks kept per position.
+1. The vanilla decoder records each block as a :class:`~specfold.decoding.acceptance.BlockTrace`;
+   :func:`~specfold.decoding.acceptance.paths_of_block` turns it into paths: for each step ``t >= 1`` the formulas
+   of ``X^(t) -> X^(t+d)`` relative to the drafting context at ``t`` (``d <= max_depth``, end state non-terminal,
+   vocab ranks ``<= max_vocab_rank``). ``c(q)`` = how often formula ``q`` occurs (:func:`count_formulas`).
+2. :func:`select_nodes` chooses ``B`` parent-closed nodes (optional depth cap) by one of :data:`OBJECTIVES`.
+3. :func:`graph_from_paths` (and :func:`calibrate`, from traces) returns the
+   :class:`~specfold.decoding.draft_graph.DraftGraph` with the expected acceptance of the choice in its provenance:
+   in-sample and held out (``K``-fold cross-validation over calibration prompts: select on ``K - 1`` folds, replay
+   on the held-out one, sum over folds), plus the held-out figure of every objective for comparison.
 
-1. The vanilla decoder records each block as a :class:`BlockTrace`: its states ``X^(0) .. X^(T)`` and, for every
-   ``t >= 1``, the :class:`~specfold.decoding.drafts.DraftContext` built from the logits that produced ``X^(t)``
-   (the logits of the forward over ``X^(t-1)``) and ``X^(t)`` itself — exactly what a speculative step with main
-   state ``X^(t)`` would draft from.
-2. :func:`formulas_of_block` turns every transition ``X^(t) -> X^(t+d)`` (``t >= 1``, ``d = 1..max_depth``) into a
-   formula relative to ``contexts[t]``: step ``s`` holds ``(r, j)`` for each position unmasked between
-   ``X^(t+s-1)`` and ``X^(t+s)`` (``r`` = its position rank, ``j`` = the vocab rank of the token it got). Formulas
-   whose end state is useless (no mask left, or a stop reached) or that need a vocab rank ``> max_vocab_rank``
-   (or beyond the context's ``J``) are skipped.
-3. :func:`select_graph` chooses ``B`` nodes by "degree-1 accumulation" and :func:`calibrate` wraps it all into a
-   :class:`~specfold.decoding.draft_graph.DraftGraph`.
+Objectives. A draft ``q`` is accepted after a pass at step ``t`` iff the pass happens there and ``q`` is the path's
+formula of depth ``|q|`` at ``t`` — its whole chain of ancestors is then accepted before it. So the number of drafts
+a graph ``S`` accepts decomposes over its nodes once the passes are fixed::
 
-Selection objective, with ``c(q)`` the count of formula ``q`` (0 if unseen, the root has none) and ``par(q)`` its
-formula parent::
+    accepted(S) = Σ_{q ∈ S} w(q),   w(q) = #{passes at a step t whose path has q as its depth-|q| prefix}.
 
-    maximise  F(S) = Σ_{q ∈ S} w(q),   w(q) = c(q) + c(par(q)),   |S| = B,   par(q) ∈ S ∪ {root} for all q ∈ S.
+* ``acceptance`` (default): ``w`` counts only the steps where a pass happens *under the chosen graph itself*
+  (:func:`pass_weighted_counts`; after a pass that accepts ``k`` drafts the next ``k`` steps have no pass). Starting
+  from the ``counts`` graph, and again from the ``spiffy`` one, the knapsack is re-solved with the weights of the
+  current graph until a graph repeats; the visited graph with the most accepted drafts
+  (:func:`~specfold.decoding.acceptance.replay_paths`, first visited on ties) is returned. At a fixed point the
+  chosen set is exactly optimal for its own pass schedule and ``Σ w`` equals its replayed acceptance; over all
+  graphs it is a local optimum, never worse in-sample than the ``counts`` or ``spiffy`` graph.
+* ``counts``: ``w(q) = c(q)``, i.e. a pass at every step: the expected drafts accepted per step.
+* ``spiffy``: ``w(q) = c(q) + c(par(q))`` ("degree-1 accumulation", from third-party notes of Spiffy; SPEC §3 now
+  marks it as a correction). It pays every child for its parent's count and so fills the graph with rare children
+  of one frequent node. Kept for comparison only.
 
-The procedure is **exact**, not greedy (a greedy frontier pick is suboptimal here: a depth-1 node's child can weigh
-more than the node itself): a tree knapsack dynamic programme over the candidate forest (every formula with
-``c > 0`` and depth ``<= depth_cap``, plus its ancestors with ``c = 0``), merging children in a fixed order.
-
-Deterministic tie-break: candidates get a preference order — ``w`` desc, then ``c`` desc, then depth asc, then
-canonical string asc. Among parent-closed sets of size ``B`` with the maximal ``F``, the chosen one is the set that
-contains the most-preferred candidate of the two sets' symmetric difference (i.e. the lexicographically best set
-under the preference order). This is implemented exactly by adding ``2^(n - 1 - rank)`` to a second score
-component. If fewer than ``B`` candidates exist, all are returned. The returned list is sorted by (depth,
-preference), which is a topological order.
+Every objective is maximised **exactly** for its weights by a tree knapsack (:func:`knapsack`; a greedy frontier
+pick is suboptimal: a node's child can weigh more than the node). Candidates: every formula with ``c > 0`` and
+depth ``<= depth_cap``, plus ancestors. Deterministic tie-break: candidates get a preference order — ``w`` desc, ``c``
+desc, depth asc, canonical string asc; among optimal sets the lexicographically best under that order is chosen
+(implemented exactly by adding ``2^(n - 1 - rank)`` to a second score component). Fewer candidates than ``B`` is an
+error (:class:`BudgetError`) that says how many there are.
 """
 
 from __future__ import annotations
 
 import datetime
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import torch
-
+from specfold.decoding.acceptance import (
+    Acceptance,
+    BlockPaths,
+    BlockTrace,
+    CalibrationPaths,
+    calibration_paths,
+    paths_of_block,
+    replay,
+    replay_paths,
+)
 from specfold.decoding.draft_graph import (
     ROOT,
     DraftGraph,
@@ -50,82 +62,20 @@ from specfold.decoding.draft_graph import (
     parse_formula,
     validate_formula,
 )
-from specfold.decoding.drafts import DraftContext, stops_reached
+
+OBJECTIVES: tuple[str, ...] = ("acceptance", "counts", "spiffy")
+DEFAULT_OBJECTIVE = "acceptance"
+DEFAULT_FOLDS = 5
+_MAX_ROUNDS = 50  # re-selections of the acceptance objective before giving up on a fixed point (never reached)
 
 
-@dataclass
-class BlockTrace:
-    """The vanilla trajectory of one block.
-
-    states: ``T + 1`` LongTensors ``[N]``: ``states[0]`` the block as first denoised, ``states[t + 1]`` the rule
-        applied to ``states[t]``'s logits. Decoding may end early (stop reached).
-    contexts: ``contexts[t]`` = ``draft_context(logits that produced states[t], states[t], ...)``; ``None`` for
-        ``t = 0`` (and for any step not recorded; such steps are skipped).
-    gen_start: block positions before it are a fixed prompt tail (never masked, ignored by the stop test).
-    """
-
-    states: list[torch.Tensor]  # T+1 x [N]
-    contexts: list[DraftContext | None]  # T+1
-    gen_start: int
-    mask_id: int
-    small_block_size: int | None
-    stop_id: int | None
-
-    def __post_init__(self) -> None:
-        if len(self.states) != len(self.contexts):
-            raise ValueError(f"{len(self.states)} states but {len(self.contexts)} contexts")
-
-
-def _transition_steps(trace: BlockTrace) -> list[torch.Tensor]:
-    """Per transition ``t -> t+1``, the bool ``[N]`` of newly unmasked positions (validated)."""
-    out = []
-    for t in range(len(trace.states) - 1):
-        a, b = trace.states[t], trace.states[t + 1]
-        was_masked = a == trace.mask_id
-        new = was_masked & (b != trace.mask_id)
-        if bool(((a != b) & ~new).any()):
-            raise ValueError(f"trajectory step {t} -> {t + 1} changes a position that was not masked (or re-masks)")
-        if not bool(new.any()):
-            raise ValueError(f"trajectory step {t} -> {t + 1} unmasks nothing")
-        out.append(new)
-    return out
+class BudgetError(ValueError):
+    """The calibration data hold fewer candidate formulas than the requested budget."""
 
 
 def formulas_of_block(trace: BlockTrace, max_depth: int, max_vocab_rank: int) -> Counter[Formula]:
     """Count the formulas of every transition ``states[t] -> states[t + d]``, ``t >= 1``, ``1 <= d <= max_depth``."""
-    states = trace.states
-    new_masks = _transition_steps(trace)
-    useless = [
-        not bool((s == trace.mask_id).any()) or bool(stops_reached(s, trace.gen_start, trace.mask_id, trace.stop_id))
-        for s in states
-    ]
-    counts: Counter[Formula] = Counter()
-    for t in range(1, len(states)):  # offline: plain loops are fine here
-        ctx = trace.contexts[t]
-        if ctx is None:
-            continue
-        if ctx.n_masked != int((states[t] == trace.mask_id).sum()):
-            raise ValueError(f"contexts[{t}] was not built from states[{t}] (different number of masks)")
-        rank_of = ctx.rank_of_position().tolist()
-        j_limit = min(max_vocab_rank, ctx.max_vocab_rank)
-        top = ctx.top_tokens[:, :j_limit].tolist()
-        steps: list[frozenset[tuple[int, int]]] = []
-        for d in range(1, max_depth + 1):
-            if t + d >= len(states):
-                break
-            positions = new_masks[t + d - 1].nonzero().squeeze(1).tolist()
-            tokens = states[t + d][positions].tolist()
-            pairs = []
-            for p, tok in zip(positions, tokens, strict=True):
-                if tok not in top[p]:
-                    break  # vocab rank beyond the limit: this and all deeper formulas are unrepresentable
-                pairs.append((rank_of[p], top[p].index(tok) + 1))
-            if len(pairs) != len(positions):
-                break
-            steps.append(frozenset(pairs))
-            if not useless[t + d]:
-                counts[tuple(steps)] += 1
-    return counts
+    return paths_of_block(trace, max_depth, max_vocab_rank).formulas()
 
 
 def count_formulas(traces: Iterable[BlockTrace], max_depth: int, max_vocab_rank: int) -> Counter[Formula]:
@@ -136,17 +86,18 @@ def count_formulas(traces: Iterable[BlockTrace], max_depth: int, max_vocab_rank:
     return total
 
 
-def selection_weights(counts: Mapping[Formula, int]) -> dict[Formula, int]:
-    """``w(q) = c(q) + c(par(q))`` for every formula in ``counts`` (root parents contribute 0)."""
-    return {q: counts.get(q, 0) + (counts.get(formula_parent(q), 0) if len(q) > 1 else 0) for q in counts}
+def spiffy_weight(q: Formula, counts: Mapping[Formula, int]) -> int:
+    """``w(q) = c(q) + c(par(q))`` (root parents contribute 0)."""
+    return counts.get(q, 0) + (counts.get(formula_parent(q), 0) if len(q) > 1 else 0)
 
 
-def objective(selected: Iterable[Formula], counts: Mapping[Formula, int]) -> int:
+def spiffy_objective(selected: Iterable[Formula], counts: Mapping[Formula, int]) -> int:
     """``F(S) = Σ_{q ∈ S} c(q) + c(par(q))``."""
-    return sum(counts.get(q, 0) + (counts.get(formula_parent(q), 0) if len(q) > 1 else 0) for q in selected)
+    return sum(spiffy_weight(q, counts) for q in selected)
 
 
-def _candidates(counts: Mapping[Formula, int], depth_cap: int | None) -> list[Formula]:
+def candidates(counts: Mapping[Formula, int], depth_cap: int | None = None) -> list[Formula]:
+    """Every formula with a positive count and depth ``<= depth_cap``, plus its ancestors (the root excluded)."""
     cands: set[Formula] = set()
     for q, c in counts.items():
         if q == ROOT or c <= 0 or (depth_cap is not None and len(q) > depth_cap):
@@ -158,15 +109,24 @@ def _candidates(counts: Mapping[Formula, int], depth_cap: int | None) -> list[Fo
     return list(cands)
 
 
-def select_graph(counts: Mapping[Formula, int], budget: int, depth_cap: int | None = None) -> list[Formula]:
-    """Choose ``budget`` formulas maximising the degree-1 accumulation objective under parent closure (exact; see
-    the module docstring for the procedure and tie-breaks). Returned in (depth, preference) order."""
+def knapsack(
+    weights: Mapping[Formula, int],
+    counts: Mapping[Formula, int],
+    budget: int,
+    depth_cap: int | None = None,
+) -> list[Formula]:
+    """The parent-closed set of ``budget`` formulas maximising ``Σ weights[q]`` (exact tree knapsack).
+
+    Candidates: the formulas with ``counts > 0`` and depth ``<= depth_cap``, and their ancestors (``weights`` may be
+    0 or absent for some). Ties: the lexicographically best set under the preference order (weight desc, count
+    desc, depth asc, canonical string asc); see the module docstring. Fewer candidates than ``budget``: all of
+    them. Returned in (depth, preference) order, a topological order."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
-    cands = _candidates(counts, depth_cap)
+    cands = candidates(counts, depth_cap)
 
     def weight(q: Formula) -> int:
-        return counts.get(q, 0) + (counts.get(formula_parent(q), 0) if len(q) > 1 else 0)
+        return weights.get(q, 0)
 
     pref = sorted(cands, key=lambda q: (-weight(q), -counts.get(q, 0), len(q), formula_to_str(q)))
     rank = {q: i for i, q in enumerate(pref)}
@@ -213,34 +173,186 @@ def select_graph(counts: Mapping[Formula, int], budget: int, depth_cap: int | No
     return sorted(selected, key=lambda q: (len(q), rank[q]))
 
 
-def calibrate(
-    traces: Iterable[BlockTrace],
+def select_graph(
+    counts: Mapping[Formula, int], budget: int, depth_cap: int | None = None, objective: str = "spiffy"
+) -> list[Formula]:
+    """Exact selection from counts alone, by ``objective`` ``spiffy`` or ``counts`` (``acceptance`` needs paths: see
+    :func:`select_nodes`). Fewer candidates than ``budget``: all of them."""
+    if objective == "spiffy":
+        weights = {q: spiffy_weight(q, counts) for q in candidates(counts, depth_cap)}
+    elif objective == "counts":
+        weights = dict(counts)
+    else:
+        raise ValueError(f"objective {objective!r} cannot be computed from counts alone; choose spiffy or counts")
+    return knapsack(weights, counts, budget, depth_cap)
+
+
+def pass_weighted_counts(
+    blocks: Iterable[BlockPaths], nodes: Iterable[Formula], depth_cap: int | None = None
+) -> Counter[Formula]:
+    """The formulas of the steps where a pass happens when ``nodes`` are drafted (formula semantics)."""
+    chosen = set(nodes)
+    total: Counter[Formula] = Counter()
+    for block in blocks:
+        t = 1
+        while t < block.steps:
+            path = block.paths[t][:depth_cap] if depth_cap is not None else block.paths[t]
+            k = 0
+            for d in range(1, len(path) + 1):
+                total[path[:d]] += 1
+                if k == d - 1 and path[:d] in chosen:
+                    k = d
+            t += 1 + k
+    return total
+
+
+def _check_budget(n: int, budget: int, depth_cap: int | None, where: str) -> None:
+    if n < budget:
+        cap = f" of depth <= {depth_cap}" if depth_cap is not None else ""
+        raise BudgetError(
+            f"cannot select {budget} draft nodes: {where} hold only {n} distinct formulas{cap} "
+            "(record more calibration prompts, or lower the budget)"
+        )
+
+
+def select_nodes(
+    blocks: Sequence[BlockPaths],
     budget: int,
     depth_cap: int | None = None,
-    max_vocab_rank: int = 8,
+    objective: str = DEFAULT_OBJECTIVE,
+    strict: bool = True,
+) -> list[Formula]:
+    """Choose ``budget`` parent-closed formulas from calibration paths by ``objective`` (module docstring).
+
+    strict: raise :class:`BudgetError` when there are fewer candidates than ``budget`` (else return them all)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    counts: Counter[Formula] = Counter()
+    for block in blocks:
+        counts.update(block.formulas(depth_cap))
+    if strict:
+        _check_budget(len(candidates(counts, depth_cap)), budget, depth_cap, f"{len(blocks)} calibration blocks")
+    if objective != "acceptance":
+        return select_graph(counts, budget, depth_cap, objective)
+    best: list[Formula] = []
+    best_accepted = -1
+    seen: set[frozenset[Formula]] = set()
+    for start in ("counts", "spiffy"):  # re-solve with the current graph's pass weights until a graph repeats
+        nodes = select_graph(counts, budget, depth_cap, start)
+        for _ in range(_MAX_ROUNDS):
+            if frozenset(nodes) in seen:
+                break
+            seen.add(frozenset(nodes))
+            accepted = replay_paths(blocks, nodes).accepted
+            if accepted > best_accepted:
+                best, best_accepted = nodes, accepted
+            nodes = knapsack(pass_weighted_counts(blocks, nodes, depth_cap), counts, budget, depth_cap)
+    return best
+
+
+def cross_validate(
+    n_prompts: int,
+    folds: int,
+    select: Callable[[list[int]], list[Formula]],
+    evaluate: Callable[[list[int], list[Formula]], Acceptance],
+) -> Acceptance | None:
+    """Held-out acceptance: prompt ``i`` is in fold ``i % K`` (``K = min(folds, n_prompts)``); each fold is replayed
+    with the nodes selected on the other folds, and the folds are summed. ``None`` below 2 prompts or folds."""
+    k = min(folds, n_prompts)
+    if k < 2:
+        return None
+    total = Acceptance()
+    for fold in range(k):
+        train = [i for i in range(n_prompts) if i % k != fold]
+        held = [i for i in range(n_prompts) if i % k == fold]
+        total = total + evaluate(held, select(train))
+    return total
+
+
+def graph_from_paths(
+    paths: CalibrationPaths,
+    budget: int,
+    depth_cap: int | None = None,
+    objective: str = DEFAULT_OBJECTIVE,
+    folds: int = DEFAULT_FOLDS,
+    traces: Sequence[Sequence[BlockTrace]] | None = None,
     model: str = "",
-    provenance: dict[str, Any] | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> DraftGraph:
-    """Count the traces' formulas (depth up to ``depth_cap``, else ``budget``), select ``budget`` nodes and return
-    the graph. ``provenance`` (samples, source, ...) is merged with computed fields (blocks, transitions, counts of
-    the chosen nodes, objective, date if absent)."""
-    traces = list(traces)
-    max_depth = depth_cap if depth_cap is not None else max(budget, 1)
-    counts = count_formulas(traces, max_depth, max_vocab_rank)
-    selected = select_graph(counts, budget, depth_cap)
+    """Select a graph from calibration paths and record its expected acceptance in the provenance.
+
+    traces: the recorded traces the paths came from (same prompts, same order); when given, acceptance figures are
+    exact replays of the decoder (state semantics), else formula replays of the paths (``"replay"`` says which).
+    Held-out figures come from :func:`cross_validate` over prompts, for the chosen objective and every other."""
+    if depth_cap is not None and depth_cap > paths.max_depth:
+        raise ValueError(f"depth cap {depth_cap} exceeds the depth {paths.max_depth} the paths were recorded to")
+    if traces is not None and [len(t) for t in traces] != [len(p) for p in paths.prompts]:
+        raise ValueError("traces and paths hold different prompts or blocks")
+    blocks = paths.blocks
+    selected = select_nodes(blocks, budget, depth_cap, objective)
+
+    def blocks_of(ids: Sequence[int]) -> list[BlockPaths]:
+        return [b for i in ids for b in paths.prompts[i]]
+
+    def evaluate(ids: Sequence[int], nodes: Sequence[Formula]) -> Acceptance:
+        if traces is None:
+            return replay_paths(blocks_of(ids), nodes)
+        return replay([t for i in ids for t in traces[i]], DraftGraph.from_formulas(nodes, depth_cap=depth_cap))
+
+    n = len(paths.prompts)
+    held_out: dict[str, Any] = {}
+    for name in (objective, *[o for o in OBJECTIVES if o != objective]):
+        est = cross_validate(
+            n, folds, lambda ids, o=name: select_nodes(blocks_of(ids), budget, depth_cap, o, strict=False), evaluate
+        )
+        held_out[name] = None if est is None else est.to_dict()
+    counts = paths.counts(depth_cap)
     info: dict[str, Any] = {
-        "blocks": len(traces),
-        "transitions": sum(max(len(t.states) - 1, 0) for t in traces),
-        "distinct_formulas": len(counts),
-        "observations": sum(counts.values()),
-        "max_depth_counted": max_depth,
-        "max_vocab_rank": max_vocab_rank,
-        "objective": objective(selected, counts),
+        "objective": objective,
+        "acceptance": {
+            "replay": "decoder (exact)" if traces is not None else "paths (formula semantics)",
+            "in_sample": evaluate(range(n), selected).to_dict(),
+            "held_out": held_out[objective],
+            "folds": min(folds, n) if held_out[objective] is not None else None,
+            "held_out_by_objective": {
+                k: (v["accepted_per_pass"] if v is not None else None) for k, v in held_out.items()
+            },
+        },
         "counts": {formula_to_str(q): counts.get(q, 0) for q in selected},
+        "calibration": {
+            "prompts": n,
+            "blocks": len(blocks),
+            "steps": sum(b.steps for b in blocks),
+            "distinct_formulas": len(counts),
+            "observations": sum(counts.values()),
+            "max_depth_counted": paths.max_depth,
+            "max_vocab_rank": paths.max_vocab_rank,
+        },
     }
     info.update(provenance or {})
     info.setdefault("date", datetime.date.today().isoformat())
     return DraftGraph.from_formulas(selected, model=model, depth_cap=depth_cap, provenance=info)
+
+
+def calibrate(
+    traces: Sequence[Sequence[BlockTrace]],
+    budget: int,
+    depth_cap: int | None = None,
+    objective: str = DEFAULT_OBJECTIVE,
+    max_depth: int | None = None,
+    max_vocab_rank: int = 8,
+    folds: int = DEFAULT_FOLDS,
+    model: str = "",
+    provenance: Mapping[str, Any] | None = None,
+) -> tuple[DraftGraph, CalibrationPaths]:
+    """Traces (one list of blocks per calibration prompt) -> (graph, the paths it was selected from). Paths are
+    recorded to ``max_depth`` (default: ``depth_cap``, else 8); acceptance figures are exact replays."""
+    depth = max_depth if max_depth is not None else (depth_cap if depth_cap is not None else 8)
+    paths = calibration_paths(traces, depth, max_vocab_rank)
+    graph = graph_from_paths(paths, budget, depth_cap, objective, folds, traces, model, provenance)
+    return graph, paths
 
 
 def counts_to_json(counts: Mapping[Formula, int]) -> dict[str, int]:
@@ -258,15 +370,17 @@ def graph_from_counts(
     counts: Mapping[Formula, int],
     budget: int,
     depth_cap: int | None = None,
+    objective: str = "counts",
     model: str = "",
     provenance: dict[str, Any] | None = None,
 ) -> DraftGraph:
-    """Select a graph of ``budget`` nodes from saved counts (one calibration run serves every B and depth cap)."""
+    """Select a graph from saved counts alone (``counts`` or ``spiffy``; a calibration without paths)."""
     if depth_cap is not None:
         counts = Counter({q: c for q, c in counts.items() if len(q) <= depth_cap})
-    selected = select_graph(counts, budget, depth_cap)
+    _check_budget(len(candidates(counts, depth_cap)), budget, depth_cap, "the counts")
+    selected = select_graph(counts, budget, depth_cap, objective)
     info: dict[str, Any] = {
-        "objective": objective(selected, counts),
+        "objective": objective,
         "counts": {formula_to_str(q): counts.get(q, 0) for q in selected},
     }
     info.update(provenance or {})

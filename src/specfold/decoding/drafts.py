@@ -216,7 +216,7 @@ def stops_reached(
     return ((gen == stop_id) & (masks_before == 0)).any(-1)
 
 
-def build_drafts(
+def node_states(
     compiled: CompiledGraph,
     ctx: DraftContext,
     x0: torch.Tensor,  # [N] main state X_0 (the state ctx was built from)
@@ -224,11 +224,13 @@ def build_drafts(
     small_block_size: int | None,
     stop_id: int | None,
     gen_start: int,
-) -> DraftBatch:
-    """The kept draft rows of ``compiled`` for this step (see the module docstring for the rules)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every node's state and whether it is kept before dedup: ``(states [M, N], alive [M] bool)``.
+
+    A node's state depends only on its own pairs and its liveness only on its ancestors, so any parent-closed
+    sub-graph of ``compiled`` builds the alive states of its own nodes (what offline replay relies on)."""
     n = x0.shape[0]
     m = compiled.num_nodes
-    dev = x0.device
     j_avail = ctx.top_tokens.shape[1]
     ranks, vranks, valid = compiled.ranks, compiled.vranks, compiled.valid  # [M, P]
 
@@ -249,6 +251,23 @@ def build_drafts(
     own_ok &= (states == mask_id).any(1) & ~stops_reached(states, gen_start, mask_id, stop_id)
     own_ok[0] = True  # the root is X_0 itself
     alive = ~(compiled.ancestors & ~own_ok.unsqueeze(0)).any(1)  # [M] every ancestor (and self) ok
+    return states, alive
+
+
+def build_drafts(
+    compiled: CompiledGraph,
+    ctx: DraftContext,
+    x0: torch.Tensor,  # [N] main state X_0 (the state ctx was built from)
+    mask_id: int,
+    small_block_size: int | None,
+    stop_id: int | None,
+    gen_start: int,
+) -> DraftBatch:
+    """The kept draft rows of ``compiled`` for this step (see the module docstring for the rules)."""
+    m = compiled.num_nodes
+    dev = x0.device
+    states, alive = node_states(compiled, ctx, x0, mask_id, small_block_size, stop_id, gen_start)
+    par = compiled.parents.clamp(min=0)  # [M]
 
     # Dedup: each alive node's representative is the first alive node (possibly the root) with the same state.
     same = (states.unsqueeze(1) == states.unsqueeze(0)).all(-1) & alive.unsqueeze(0)  # [M, M]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specfold.decoding.calibration import BlockTrace
+from specfold.decoding.acceptance import BlockTrace
 from specfold.decoding.draft_graph import DraftGraph
 from specfold.decoding.drafts import build_drafts, compile_graph, draft_context
 
