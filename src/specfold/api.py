@@ -63,15 +63,17 @@ def decode_config_for(
     threshold: float = 0.9,
     block_size: int | None = None,
     small_block_size: int | None | str = "auto",
+    prefill_chunk: int | None = None,
 ) -> DecodeConfig:
     """Decoding parameters with the family's defaults (block = the checkpoint's ``bd_size``; small blocks of 8
-    for Fast-dLLM-v2, none for Nemotron-Labs-Diffusion)."""
+    for Fast-dLLM-v2, none for Nemotron-Labs-Diffusion; prefill chunks of ``DEFAULT_PREFILL_CHUNK`` rows)."""
     sbs = model.config.default_small_block_size if small_block_size == "auto" else small_block_size
     cfg = DecodeConfig(
         max_new_tokens=max_new_tokens,
         threshold=threshold,
         block_size=block_size or model.config.block_size,
         small_block_size=sbs,
+        prefill_chunk=prefill_chunk,
     )
     if cfg.small_block_size is not None and cfg.small_block_size > cfg.block_size:
         cfg = replace(cfg, small_block_size=cfg.block_size)
@@ -167,6 +169,7 @@ def generate(
     ffn: str = "residual",
     attention: str = "auto",
     chat: bool = True,
+    prefill_chunk: int | None = None,
 ) -> GenerationResult:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result.
 
@@ -175,7 +178,7 @@ def generate(
     produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``); ``delta > 0`` trades exactness for
     speed.
     """
-    cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size)
+    cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk)
     m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn, attention)
     ids = encode_prompt(model, prompt_or_ids, chat) if isinstance(prompt_or_ids, str) else prompt_or_ids
     result = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)

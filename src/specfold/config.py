@@ -170,6 +170,7 @@ class DecodeConfig:
     threshold: float = 0.9
     block_size: int = 32
     small_block_size: int | None = 8  # None: every mask of the block is eligible (NLD)
+    prefill_chunk: int | None = None  # prompt rows per prefill forward (None: the model's default)
 
     def validate(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -178,6 +179,8 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.prefill_chunk is not None and self.prefill_chunk <= 0:
+            raise ValueError(f"prefill_chunk must be positive, got {self.prefill_chunk}")
         if self.small_block_size is not None:
             if self.small_block_size <= 0:
                 raise ValueError(f"small_block_size must be positive, got {self.small_block_size}")

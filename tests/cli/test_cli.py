@@ -30,6 +30,20 @@ def test_generate_json_fields(capsys, fd_ckpt):
     assert (rec["token_ids"], rec["nfe"], rec["text"]) == (want.token_ids, want.nfe, None)
 
 
+def test_generate_prompt_ids_from_a_file_and_prefill_chunk(capsys, fd_ckpt, tmp_path):
+    ids = [(7 * i) % 290 for i in range(100)]
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids[:50])) + "\n" + ",".join(map(str, ids[50:])) + "\n")
+    recs = []
+    for argv in (["--prompt-ids", ",".join(map(str, ids))], ["--prompt-ids", f"@{tmp_path / 'ids.txt'}",
+                                                           "--prefill-chunk", "32"]):
+        code, out, _ = run(capsys, "generate", "--model", str(fd_ckpt), *argv, "--max-new-tokens", "8", "--json")
+        assert code == 0
+        recs.append(json.loads(out.strip().splitlines()[-1]))
+    assert recs[0]["token_ids"] == recs[1]["token_ids"]
+    assert (recs[0]["prefill_forwards"], recs[1]["prefill_forwards"]) == (1, 3)  # 96 aligned rows: one / three chunks
+    assert recs[1]["prefill_seconds"] > 0
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -40,6 +54,9 @@ def test_generate_json_fields(capsys, fd_ckpt):
         (["--prompt-ids", "1", "--dtype", "fp16"], "invalid choice: 'fp16'"),
         (["--prompt-ids", ""], "--prompt-ids is empty"),
         (["--prompt-ids", "1", "--max-new-tokens", "100000"], "exceeds the model's position limit"),
+        (["--prompt-ids", "1,2,400"], "token id 400, past the vocabulary (301)"),
+        (["--prompt-ids", "1", "--prefill-chunk", "0"], "expected a positive integer"),
+        (["--prompt-ids", "@no-such-file"], "cannot read token ids from 'no-such-file'"),
         ([""], "empty prompt"),
         (["hello"], "has no tokenizer"),
         (["--prompt-ids", "1", "--method", "spiffy"], "no draft graph"),

@@ -17,6 +17,7 @@ from specfold.config import Family, ModelConfig
 from specfold.model.cache import PrefixCache
 from specfold.model.loading import LoadedModel
 from specfold.model.random_checkpoint import random_config
+from specfold.model.transformer import Prefill
 
 V, MASK, STOP = 64, 63, 62
 
@@ -47,7 +48,9 @@ class ScriptedNet:
             return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
         return raw
 
-    def __call__(self, tokens: torch.Tensor, cache: PrefixCache, mask: str = "bidirectional", write_cache=False):
+    def __call__(
+        self, tokens: torch.Tensor, cache: PrefixCache, mask: str = "bidirectional", write_cache=False, logit_rows=None
+    ):
         b, t = tokens.shape
         start = cache.length
         self.calls.append((mask, start, t, write_cache))
@@ -55,7 +58,12 @@ class ScriptedNet:
         rows = torch.stack([self.design(start + i + ahead) for i in range(t)])
         if write_cache:
             cache.commit(t)
-        return rows.expand(b, t, V).clone()
+        out = rows.expand(b, t, V).clone()
+        return out if logit_rows is None else out[:, logit_rows]
+
+    def prefill(self, tokens: torch.Tensor, cache: PrefixCache, mask: str = "causal", chunk=None) -> Prefill:
+        """One recorded cache-writing call for the whole prompt (chunking is the real model's business)."""
+        return Prefill(self(tokens[None], cache, mask=mask, write_cache=True)[0, -1], 1)
 
 
 def scripted_model(family: Family, conf: dict[int, float], **kw) -> LoadedModel:

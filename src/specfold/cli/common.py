@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from specfold.model.loading import DTYPES
 
@@ -58,10 +59,17 @@ def small_block_type(text: str) -> int | None | str:
 
 
 def id_list(text: str) -> list[int]:
+    """``1,2,3``, or ``@FILE`` with ids separated by commas or whitespace (long prompts outgrow one argument)."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"cannot read token ids from {text[1:]!r}: {exc.strerror}") from None
+        text = ",".join(text.split())
     try:
         ids = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text[:80]!r}") from None
     if not ids:
         raise argparse.ArgumentTypeError("--prompt-ids is empty")
     if min(ids) < 0:

@@ -14,7 +14,9 @@ from specfold.cli.common import (
     id_list,
     load_from_args,
     method_kwargs,
+    positive_int,
 )
+from specfold.model.transformer import DEFAULT_PREFILL_CHUNK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,11 +26,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Decode one prompt block by block and report NFE and tokens/s.",
     )
     p.add_argument("prompt", nargs="?", help="text prompt (sent through the model's chat template)")
-    p.add_argument("--prompt-ids", type=id_list, default=None, help="comma-separated token ids instead of text")
+    p.add_argument(
+        "--prompt-ids", type=id_list, default=None, help="comma-separated token ids instead of text, or @FILE of ids"
+    )
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to a text prompt")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
     add_decode_args(p)
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=None,
+        help=f"prompt rows per prefill forward (default {DEFAULT_PREFILL_CHUNK}; Fast-dLLM-v2 rounds it down to "
+        "whole blocks); memory grows with it, the result does not change",
+    )
     add_method_args(p)
     p.set_defaults(func=run)
 
@@ -49,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         small_block_size=args.small_block_size,
         method=args.method,
         chat=not args.no_chat,
+        prefill_chunk=args.prefill_chunk,
         **method_kwargs(args),
     )
     if args.json:

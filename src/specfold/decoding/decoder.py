@@ -40,13 +40,14 @@ class GenerationResult:
     nfe: int  # denoising passes + cache-writing forwards
     nfe_denoise: int
     nfe_cache: int
-    prefill_forwards: int
+    prefill_forwards: int  # chunks of the prefill
     steps_per_block: list[int]  # rule applications per block (a pass may cover several)
     seconds: float  # decode wall time, prefill and tokenisation excluded
     generated_tokens: int
     stopped: bool  # the stop token ended generation (else max_new_tokens did)
     accepted_drafts: int = 0
     engine_stats: dict[str, float] = field(default_factory=dict)
+    prefill_seconds: float = 0.0  # prefill wall time (not in ``seconds``)
 
     @property
     def tokens_per_second(self) -> float:
@@ -90,7 +91,7 @@ class StepObserver(Protocol):
 class BlockProtocol:
     prefill_mask: str  # attention inside the prompt during prefill
     finish_mask: str  # attention inside a finished block when it is written to the cache
-    start: Callable[[DLLM, torch.Tensor, PrefixCache, int, int], tuple[torch.Tensor, int, int]]
+    start: Callable[..., tuple[torch.Tensor, int, int]]  # (net, prompt, cache, n, mask_id, chunk=None)
 
 
 def _seed_block(seed: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
@@ -99,15 +100,17 @@ def _seed_block(seed: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
     return block
 
 
-def _start_fast_dllm(net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int, mask_id: int):
-    """Prefill the block-aligned part of the prompt (block-causal); a shorter tail stays fixed in the first
-    active block; an aligned prompt seeds the first block with the argmax of the prefill's last row."""
+def _start_fast_dllm(
+    net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int, mask_id: int, chunk: int | None = None
+):
+    """Prefill the block-aligned part of the prompt (block-causal, in chunks); a shorter tail stays fixed in the
+    first active block; an aligned prompt seeds the first block with the argmax of the prefill's last row."""
     aligned = (prompt.numel() // n) * n
     forwards = 0
     last_logits = None
     if aligned:
-        last_logits = net(prompt[None, :aligned], cache, mask="block_causal", write_cache=True)[0, -1]
-        forwards = 1
+        pre = net.prefill(prompt[:aligned], cache, mask="block_causal", chunk=chunk)
+        last_logits, forwards = pre.last_logits, pre.forwards
     tail = prompt[aligned:]
     if tail.numel():
         block = torch.full((n,), mask_id, dtype=torch.long, device=prompt.device)
@@ -116,10 +119,10 @@ def _start_fast_dllm(net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int
     return _seed_block(last_logits.argmax(), n, mask_id), 0, forwards
 
 
-def _start_nld(net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int, mask_id: int):
-    """Causal prefill of the whole prompt; the argmax of its last row seeds ``[seed, M × (N-1)]``."""
-    last_logits = net(prompt[None], cache, mask="causal", write_cache=True)[0, -1]
-    return _seed_block(last_logits.argmax(), n, mask_id), 0, 1
+def _start_nld(net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int, mask_id: int, chunk: int | None = None):
+    """Causal prefill of the whole prompt (in chunks); the argmax of its last row seeds ``[seed, M × (N-1)]``."""
+    pre = net.prefill(prompt, cache, mask="causal", chunk=chunk)
+    return _seed_block(pre.last_logits.argmax(), n, mask_id), 0, pre.forwards
 
 
 PROTOCOLS: dict[Family, BlockProtocol] = {
@@ -160,11 +163,15 @@ def decode(
         )
     if bool((prompt == mask_id).any()):
         raise ValueError(f"the prompt contains the mask token id {mask_id}")
+    top, vocab = int(prompt.max()), model.config.vocab_size
+    if top >= vocab:
+        raise ValueError(f"the prompt has token id {top}, past the vocabulary ({vocab})")
     verifier = verifier or DenseVerifier(net)
     proto = PROTOCOLS[model.config.family]
     cache = net.new_cache(prompt.numel() + cfg.max_new_tokens + 2 * n)
 
-    block, gen_start, prefill_forwards = proto.start(net, prompt, cache, n, mask_id)
+    t_pre = time.perf_counter()
+    block, gen_start, prefill_forwards = proto.start(net, prompt, cache, n, mask_id, chunk=cfg.prefill_chunk)
     _sync(net.device)
     t0 = time.perf_counter()
     generated: list[int] = []
@@ -209,7 +216,8 @@ def decode(
         if stop_at is not None or len(generated) >= cfg.max_new_tokens:
             break
         # The finished block enters the cache; its last row seeds the next block.
-        seed = net(block[None], cache, mask=proto.finish_mask, write_cache=True)[0, -1].argmax()
+        last = net(block[None], cache, mask=proto.finish_mask, write_cache=True, logit_rows=slice(-1, None))
+        seed = last[0, -1].argmax()
         nfe_cache += 1
         block, gen_start = _seed_block(seed, n, mask_id), 0
     _sync(net.device)
@@ -229,4 +237,5 @@ def decode(
         stopped=stopped,
         accepted_drafts=accepted,
         engine_stats=engine_stats,
+        prefill_seconds=t0 - t_pre,
     )

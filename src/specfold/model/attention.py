@@ -11,6 +11,15 @@ per-branch GEMM. The two parts are merged with the streaming-softmax state ``(m,
 
 which is exactly the state the folded engine corrects (SPEC §4, Eq. 8), so it is returned rather than hidden.
 Scores and the state are kept in fp32 (fp64 for fp64 models); the P·V products run in the value dtype.
+
+A long prefix is streamed: when the prefix scores of all rows and heads would exceed :data:`SCORE_BUDGET`
+elements, :func:`attend` visits the prefix in key tiles and merges them with the same ``(m, Z, O)`` rescaling, so
+memory stays ``rows × tile`` whatever ``P`` is. Below the budget (every vanilla pass up to 64k positions at 8
+query heads) it is the single-GEMM path, bit for bit.
+
+Prefill rows need no softmax state, only outputs: :func:`attend_prefill` runs them through
+``torch.nn.functional.scaled_dot_product_attention`` (a flash kernel on CPU and GPU: no ``rows × keys`` scores
+per head), over the cache written so far plus the rows' own keys.
 """
 
 from __future__ import annotations
@@ -18,6 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+# NOTE: the largest prefix score tensor (elements, all rows and heads) attend builds in one piece: 2**26 fp32 is
+# 256 MiB. Larger ones are streamed in key tiles of at least MIN_TILE keys.
+SCORE_BUDGET = 1 << 26
+MIN_TILE = 256
 
 
 @dataclass
@@ -61,7 +76,10 @@ def attend(
     block_v: torch.Tensor,  # [B, S, Hkv, D]
     bias: torch.Tensor | None,  # [T, S] additive (0 / -inf), None = every row sees every block key
     scale: float,
+    budget: int | None = SCORE_BUDGET,
 ) -> AttnState:
+    """Rows of every branch over the shared prefix and their own block. ``budget``: the most prefix score
+    elements built at once (``None``: no limit); a longer prefix is streamed in key tiles."""
     b, t, hq, d = q.shape
     hkv = block_k.shape[2]
     g = hq // hkv
@@ -77,13 +95,17 @@ def attend(
         s_blk = s_blk + bias.to(acc)[None, None, :, None, :]
     m = s_blk.amax(dim=-1)  # [B, Hkv, T, G]
 
-    s_pre = None
+    s_pre = qp = None
+    tile = 0
     if prefix_k is not None and prefix_k.shape[1] > 0:
         # NOTE: all branches' rows are stacked as queries so the shared prefix is read once, never expanded.
-        qp = qg.permute(2, 0, 1, 3, 4).reshape(hkv, b * t * g, d)
-        s_pre = torch.matmul(qp, prefix_k.transpose(1, 2)).to(acc) * scale  # [Hkv, B*T*G, P]
-        s_pre = s_pre.view(hkv, b, t, g, -1).permute(1, 0, 2, 3, 4)  # [B, Hkv, T, G, P]
-        m = torch.maximum(m, s_pre.amax(dim=-1))
+        qp = qg.permute(2, 0, 1, 3, 4).reshape(hkv, b * t * g, d)  # [Hkv, B*T*G, D]
+        p_len, rows = prefix_k.shape[1], hkv * b * t * g
+        tile = p_len if budget is None or rows * p_len <= budget else max(MIN_TILE, budget // rows)
+        if tile >= p_len:
+            s_pre = torch.matmul(qp, prefix_k.transpose(1, 2)).to(acc) * scale  # [Hkv, B*T*G, P]
+            s_pre = s_pre.view(hkv, b, t, g, -1).permute(1, 0, 2, 3, 4)  # [B, Hkv, T, G, P]
+            m = torch.maximum(m, s_pre.amax(dim=-1))
 
     p_blk = torch.exp(s_blk - m[..., None])
     z = p_blk.sum(dim=-1)
@@ -94,6 +116,8 @@ def attend(
         z = z + p_pre.sum(dim=-1)
         pp = p_pre.permute(1, 0, 2, 3, 4).reshape(hkv, b * t * g, -1).to(prefix_v.dtype)
         o = o + torch.matmul(pp, prefix_v).to(acc).view(hkv, b, t, g, d).permute(1, 0, 2, 3, 4)
+    elif qp is not None:
+        m, z, o = _stream_prefix(qp, prefix_k, prefix_v, m, z, o, tile, scale)
     o = o / z[..., None]
     # [B, Hkv, T, G, ...] -> [B, T, Hq, ...]
     return AttnState(
@@ -101,3 +125,48 @@ def attend(
         z=z.permute(0, 2, 1, 3).reshape(b, t, hq),
         o=o.permute(0, 2, 1, 3, 4).reshape(b, t, hq, d),
     )
+
+
+def _stream_prefix(
+    qp: torch.Tensor,  # [Hkv, B*T*G, D] stacked query rows
+    prefix_k: torch.Tensor,  # [Hkv, P, D]
+    prefix_v: torch.Tensor,  # [Hkv, P, D]
+    m: torch.Tensor,  # [B, Hkv, T, G] state of the block part
+    z: torch.Tensor,  # [B, Hkv, T, G]
+    o: torch.Tensor,  # [B, Hkv, T, G, D] unnormalised
+    tile: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge the prefix into ``(m, Z, O)`` one key tile at a time (online softmax); ``O`` stays unnormalised."""
+    b, hkv, t, g, d = o.shape
+    acc = m.dtype
+    # Work in the prefix GEMM's layout [Hkv, B, T, G, ...]; permute back at the end.
+    m, z, o = m.transpose(0, 1), z.transpose(0, 1), o.transpose(0, 1)
+    for start in range(0, prefix_k.shape[1], tile):
+        kt, vt = prefix_k[:, start : start + tile], prefix_v[:, start : start + tile]
+        s = (torch.matmul(qp, kt.transpose(1, 2)).to(acc) * scale).view(hkv, b, t, g, -1)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        z = z * alpha + p.sum(dim=-1)
+        pv = torch.matmul(p.reshape(hkv, b * t * g, -1).to(vt.dtype), vt).to(acc).view(hkv, b, t, g, d)
+        o = o * alpha[..., None] + pv
+        m = m_new
+    return m.transpose(0, 1), z.transpose(0, 1), o.transpose(0, 1)
+
+
+def attend_prefill(
+    q: torch.Tensor,  # [T, Hq, D] (RoPE'd, query-scaled) rows being prefilled
+    k: torch.Tensor,  # [Hkv, S, D] every key the rows may see: the cache so far, then the rows' own
+    v: torch.Tensor,  # [Hkv, S, D]
+    bias: torch.Tensor | None,  # [T, S] additive (0 / -inf) in q's dtype, None = every row sees every key
+    scale: float,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Attention outputs ``[T, Hq, D]`` (q's dtype) through the fused SDPA kernel; no softmax state is kept.
+    ``causal`` (with ``bias=None``, ``S == T``): row ``i`` sees keys ``<= i``, and the kernel skips the rest."""
+    gqa = q.shape[1] != k.shape[0]
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k[None], v[None], attn_mask=bias, scale=scale, is_causal=causal, enable_gqa=gqa
+    )  # [1, Hq, T, D]
+    return o[0].transpose(0, 1)

@@ -7,6 +7,9 @@ Branches never get their own copy: :meth:`PrefixCache.layer` returns views ``[Hk
 :meth:`PrefixCache.expanded` a zero-copy ``[B, Hkv, P, D]`` broadcast view for consumers that want a batch dim.
 Appending is two-phase so that every layer of one forward sees the same prefix: ``write`` stores a layer's rows
 past the current length, ``commit`` makes them visible once the forward is done.
+
+Size the cache once (:meth:`reserve`, or the capacity given at construction): growing copies the committed rows
+into a larger buffer, so for a moment both are alive.
 """
 
 from __future__ import annotations
@@ -32,24 +35,35 @@ class PrefixCache:
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views ``(k [Hkv, P, D], v [Hkv, P, D])`` of the committed prefix of one layer."""
-        return self.k[layer, :, : self.length], self.v[layer, :, : self.length]
+    def layer(self, layer: int, pending: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``(k [Hkv, P, D], v [Hkv, P, D])`` of the committed prefix of one layer; with ``pending`` they
+        also cover that many rows written past it but not yet committed (``P = length + pending``)."""
+        end = self.length + pending
+        return self.k[layer, :, :end], self.v[layer, :, :end]
 
     def expanded(self, layer: int, branches: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-copy ``[B, Hkv, P, D]`` views (stride 0 over branches)."""
         k, v = self.layer(layer)
         return k.expand(branches, *k.shape), v.expand(branches, *v.shape)
 
+    def reserve(self, total: int) -> None:
+        """Make room for ``total`` rows in all, in one step (no-op when the capacity suffices)."""
+        if total > self.capacity:
+            self._resize(total)
+
     def _ensure(self, extra: int) -> None:
         need = self.length + extra
-        if need <= self.capacity:
-            return
-        new_cap = max(need, 2 * self.capacity)
-        grow = new_cap - self.capacity
-        pad = torch.zeros(*self.k.shape[:2], grow, self.k.shape[3], dtype=self.k.dtype, device=self.k.device)
-        self.k = torch.cat([self.k, pad], dim=2)
-        self.v = torch.cat([self.v, pad.clone()], dim=2)
+        if need > self.capacity:
+            self._resize(max(need, 2 * self.capacity))
+
+    def _resize(self, capacity: int) -> None:
+        # One buffer at a time: k's old copy is released before v's new one is allocated.
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+            del old, new
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows past the committed length. k, v: ``[T, Hkv, D]``."""

@@ -6,18 +6,46 @@ Dims: ``B`` branches, ``T`` block rows, ``E`` hidden size, ``F`` FFN size, ``Hq`
 The layer exposes its pieces (``qkv``, ``attn_out``, ``ffn``) because the folded verifier runs them on packed
 subsets of rows; :meth:`DLLM.forward` is the dense composition of the same pieces. Q/K/V and gate/up weights are
 fused (one GEMM each), as in gpt-fast.
+
+:meth:`DLLM.prefill` writes a prompt of any length to the cache in chunks of :data:`DEFAULT_PREFILL_CHUNK` rows:
+each chunk attends to the cache written so far and to itself with the family's mask (fused SDPA, no score
+matrix), so memory grows linearly with the prompt; only the last row of the last layer goes through attention
+output, FFN and the LM head, since nothing else of it is used.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specfold.config import ModelConfig
-from specfold.model.attention import AttnState, attend, block_bias
+from specfold.model.attention import AttnState, attend, attend_prefill, block_bias
 from specfold.model.cache import PrefixCache
 from specfold.model.rope import Rotary, apply_rotary
+
+# NOTE: measured on CPU (README, "Long prompts"): 1024 rows per chunk is as fast as one-shot at 4k prompts and keeps
+# the per-chunk activations (the [chunk, keys] mask, FFN rows) small. A multiple of every usual block size.
+DEFAULT_PREFILL_CHUNK = 1024
+
+
+@dataclass
+class Prefill:
+    """What a prefill returns: the raw logits of the prompt's last row ``[V]`` and the forwards it took."""
+
+    last_logits: torch.Tensor
+    forwards: int
+
+
+def prefill_chunk_size(chunk: int | None, mask: str, block_size: int) -> int:
+    """Rows per prefill chunk: ``chunk`` (default :data:`DEFAULT_PREFILL_CHUNK`); for ``block_causal`` rounded
+    down to a multiple of the block (at least one), so that every chunk starts at a block boundary."""
+    size = DEFAULT_PREFILL_CHUNK if chunk is None else chunk
+    if size <= 0:
+        raise ValueError(f"the prefill chunk must be positive, got {size}")
+    return max(block_size, size // block_size * block_size) if mask == "block_causal" else size
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,8 +146,10 @@ class DLLM(nn.Module):
         cache: PrefixCache | None,
         mask: str = "bidirectional",
         write_cache: bool = False,
+        logit_rows: slice | None = None,
     ) -> torch.Tensor:
-        """Dense forward of ``B`` block states at positions ``cache.length ..``. Returns raw logits ``[B, T, V]``.
+        """Dense forward of ``B`` block states at positions ``cache.length ..``. Returns raw logits ``[B, T, V]``
+        (``[B, T', V]`` for the rows ``logit_rows`` selects, e.g. ``slice(-1, None)`` for a seed row only).
 
         ``mask`` is the attention inside the block (``bidirectional``, ``causal``, ``block_causal`` with the
         family's block size). With ``write_cache`` (``B == 1``) the rows' K/V are appended to the cache.
@@ -146,4 +176,63 @@ class DLLM(nn.Module):
             h = h + layer.ffn(h)
         if write_cache:
             cache.commit(t)
-        return self.logits(h).view(b, t, -1)
+        h = h.view(b, t, -1)
+        return self.logits(h if logit_rows is None else h[:, logit_rows])
+
+    def prefill(
+        self,
+        tokens: torch.Tensor,  # [T] prompt ids, written at positions cache.length ..
+        cache: PrefixCache,
+        mask: str = "causal",
+        chunk: int | None = None,
+    ) -> Prefill:
+        """Append a prompt's K/V to the cache in chunks (``causal``, or ``block_causal`` with the family's block
+        size counted from the prompt's first row) and return the raw logits of its last row.
+
+        Each chunk of ``chunk`` rows (see :func:`prefill_chunk_size`) sees the cache written so far and itself
+        with ``mask``: the cache and last row equal a one-shot :meth:`forward` over the whole prompt. The cache is
+        reserved once; a prompt past ``max_position_embeddings`` is refused before any work.
+        """
+        if mask not in ("causal", "block_causal"):
+            raise ValueError(f"prefill needs a causal or block_causal mask, got {mask!r}")
+        t, start = tokens.numel(), cache.length
+        if t == 0:
+            raise ValueError("empty prompt")
+        limit = self.cfg.max_position_embeddings
+        if start + t > limit:
+            raise ValueError(f"the prompt ends at position {start + t}, past the model's position limit {limit}")
+        size = prefill_chunk_size(chunk, mask, self.cfg.block_size)
+        cache.reserve(start + t)
+        chunks = range(0, t, size)
+        for a in chunks:
+            h = self._prefill_chunk(tokens[a : a + size], cache, mask, last=a + size >= t)
+        return Prefill(self.logits(h)[0], len(chunks))
+
+    def _prefill_chunk(self, tokens: torch.Tensor, cache: PrefixCache, mask: str, last: bool) -> torch.Tensor:
+        """tokens ``[C]`` at positions ``cache.length ..``, chunk-aligned. Writes and commits their K/V; returns the
+        final hidden state of the last row ``[1, E]`` when ``last`` (an empty ``[0, E]`` otherwise)."""
+        c, p = tokens.numel(), cache.length
+        cos, sin, qscale = self.rope_tables(p, c)
+        # Earlier chunks are wholly visible (they end at a block boundary); only the chunk itself is masked. A causal
+        # chunk with nothing before it is the square case SDPA's is_causal covers (skipping the masked half).
+        causal = mask == "causal" and p == 0
+        bias = None
+        if not causal:
+            inner = block_bias(mask, c, self.cfg.block_size, self.dtype, self.device)  # [C, C]
+            bias = torch.cat([inner.new_zeros(c, p), inner], dim=1)  # [C, P + C]
+        h = F.embedding(tokens, self.embed)  # [C, E]
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(h, cos, sin, qscale)
+            cache.write(i, k, v)
+            keys, values = cache.layer(i, pending=c)  # [Hkv, P + C, D]
+            if i == len(self.layers) - 1:
+                # NOTE: the last layer's outputs feed only the LM head: just the prompt's last row is needed.
+                if not last:
+                    h = h[:0]
+                    break
+                h, q, bias, causal = h[-1:], q[-1:], None, False  # the last row sees every key under either mask
+            o = attend_prefill(q, keys, values, bias, self.scale, causal)
+            h = h + layer.attn_out(o)
+            h = h + layer.ffn(h)
+        cache.commit(c)
+        return h
