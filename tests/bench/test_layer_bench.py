@@ -16,7 +16,7 @@ FIELDS = {"shape", "fold_ratio", "realised_fold_ratio", "branches", "block", "pr
 
 
 def test_flop_limit_of_a_tiny_shape_by_hand():
-    shape = LayerShape(hidden=4, heads=2, kv_heads=1, head_dim=3, ffn=5, qkv_bias=False)
+    shape = LayerShape(hidden=4, heads=2, kv_heads=1, head_dim=3, ffn=5, qkv_bias=False, vocab=16, layers=1)
     # per row: qkv 4·(2 + 2)·3 = 48, attention 2·2·3·(6 + 2) = 96, o 2·3·4 = 24, ffn 3·4·5 = 60
     # dense: K·N = 3·2 rows of everything = 6·228 = 1368
     # folded: 4 recomputed rows of qkv + attention + ffn = 4·204 = 816, o on all 6 rows = 144, and Eq. 8 for
@@ -47,7 +47,7 @@ def test_bench_layer_json_fields_and_limits(capsys):
     assert r["flop_limit_ratio"] == pytest.approx((N * (QKV + ATTN + FFN) + K * N * OPROJ) / DENSE, rel=1e-12)
 
 
-TINY = LayerShape(hidden=16, heads=4, kv_heads=2, head_dim=4, ffn=24, qkv_bias=True)
+TINY = LayerShape(hidden=16, heads=4, kv_heads=2, head_dim=4, ffn=24, qkv_bias=True, vocab=16, layers=1)
 
 
 @pytest.mark.parametrize("fold", [0.0, 0.5])

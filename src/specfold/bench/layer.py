@@ -131,6 +131,18 @@ def dense_layer(
     return h + layer.ffn(h)
 
 
+def timed_call(fn, device: str) -> float:
+    """Seconds of one ``fn()``; on CUDA the clock stops when the device is done (kernels are asynchronous)."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def rows_layer(
     layer: Layer,
     packed: torch.Tensor,  # [R, E] the recomputed rows' inputs, packed beforehand
@@ -249,16 +261,7 @@ def _bench_layer(
     def run_rows() -> torch.Tensor:
         return rows_layer(layer, packed, cos_r, sin_r, ctx.scale, pk, pv, o_all, n)
 
-    cuda = torch.device(device).type == "cuda"
-
-    def timed(fn) -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:  # kernels are asynchronous: the clock stops when the device is done
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
+    timed = lambda fn: timed_call(fn, device)
 
     for _ in range(warmup):
         run_dense(), run_folded(), run_rows()

@@ -18,12 +18,11 @@ whose ``specfold::<part>`` ranges (:data:`~specfold.engine.folded.PARTS`) give t
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from specfold.bench.layer import SHAPES, default_parents, model_config
+from specfold.bench.layer import SHAPES, default_parents, model_config, timed_call
 from specfold.bench.ops import count_ops
 from specfold.engine.base import fold_ratio
 from specfold.engine.dense import DenseVerifier
@@ -113,16 +112,7 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
     states = draft_states(k, n, parent_list, vocab, vocab - 1, gen).to(device)
     parents = torch.tensor(parent_list, device=device)
     dense, folded = DenseVerifier(net), FoldedVerifier(net, delta, **settings)
-    cuda = torch.device(device).type == "cuda"
-
-    def timed(fn) -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
+    timed = lambda fn: timed_call(fn, device)
 
     run_dense = lambda: dense.verify(cache, states, parents)
     run_folded = lambda: folded.verify(cache, states, parents)
