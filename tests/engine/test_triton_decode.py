@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from specfold.api import record_counts  # noqa: E402
 from specfold.config import DecodeConfig  # noqa: E402
-from specfold.decoding.calibration import graph_from_counts  # noqa: E402
+from specfold.decoding.calibration import candidates, graph_from_counts  # noqa: E402
 from specfold.decoding.decoder import decode  # noqa: E402
 from specfold.decoding.speculative import GraphDrafter  # noqa: E402
 from specfold.engine.folded import FoldedVerifier  # noqa: E402
@@ -33,7 +33,10 @@ def test_triton_decode_at_delta_zero_is_token_identical(family, tmp_path, device
     small = 4 if family == "fast_dllm_v2" else None
     cfg = DecodeConfig(max_new_tokens=8, block_size=8, small_block_size=small)
     prompt = torch.randint(0, 60, (5,), generator=torch.Generator().manual_seed(7)).tolist()
-    graph = graph_from_counts(record_counts(model, [prompt], cfg, max_depth=3), 3)
+    counts = record_counts(model, [prompt], cfg, max_depth=3)
+    # This random model's trajectory may hold fewer than 3 distinct formulas (it depends on the CPU's kernels): take
+    # every one it has, up to 3.
+    graph = graph_from_counts(counts, min(3, len(candidates(counts))))
     drafter = GraphDrafter(graph, model.mask_id, small, model.stop_id, device=device)
     vanilla = decode(model, prompt, cfg)
     # Both backends fold wherever the gate says (the torch engine's cost rule would run this tiny model densely).
