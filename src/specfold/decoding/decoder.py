@@ -139,6 +139,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_prompt(model: LoadedModel, prompt_ids: list[int] | torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
+    """The prompt as a ``[T]`` long tensor on the model's device; ValueError naming what is wrong with it."""
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=model.net.device).flatten()
+    if prompt.numel() == 0:
+        raise ValueError("empty prompt")
+    n, mask_id = cfg.block_size, model.mask_id
+    limit = model.config.max_position_embeddings
+    if prompt.numel() + cfg.max_new_tokens + n > limit:
+        raise ValueError(
+            f"prompt ({prompt.numel()} tokens) + max_new_tokens ({cfg.max_new_tokens}) + one block ({n}) exceeds "
+            f"the model's position limit {limit}"
+        )
+    if bool((prompt == mask_id).any()):
+        raise ValueError(f"the prompt contains the mask token id {mask_id}")
+    top, low, vocab = int(prompt.max()), int(prompt.min()), model.config.vocab_size
+    if top >= vocab:
+        raise ValueError(f"the prompt has token id {top}, past the vocabulary ({vocab})")
+    if low < 0:
+        raise ValueError(f"the prompt has a negative token id {low}")
+    return prompt
+
+
 @torch.no_grad()
 def decode(
     model: LoadedModel,
@@ -151,21 +173,8 @@ def decode(
     """Decode one prompt. ``drafter=None`` is vanilla decoding; the verifier defaults to dense."""
     cfg.validate()
     net = model.net
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=net.device).flatten()
-    if prompt.numel() == 0:
-        raise ValueError("empty prompt")
+    prompt = check_prompt(model, prompt_ids, cfg)
     n, mask_id, stop_id = cfg.block_size, model.mask_id, model.stop_id
-    limit = model.config.max_position_embeddings
-    if prompt.numel() + cfg.max_new_tokens + n > limit:
-        raise ValueError(
-            f"prompt ({prompt.numel()} tokens) + max_new_tokens ({cfg.max_new_tokens}) + one block ({n}) exceeds "
-            f"the model's position limit {limit}"
-        )
-    if bool((prompt == mask_id).any()):
-        raise ValueError(f"the prompt contains the mask token id {mask_id}")
-    top, vocab = int(prompt.max()), model.config.vocab_size
-    if top >= vocab:
-        raise ValueError(f"the prompt has token id {top}, past the vocabulary ({vocab})")
     verifier = verifier or DenseVerifier(net)
     proto = PROTOCOLS[model.config.family]
     cache = net.new_cache(prompt.numel() + cfg.max_new_tokens + 2 * n)

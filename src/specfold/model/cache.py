@@ -74,3 +74,53 @@ class PrefixCache:
 
     def commit(self, rows: int) -> None:
         self.length += rows
+
+
+class BatchCache:
+    """Prefix caches of up to ``S`` requests in one buffer ``[L, S, Hkv, C, D]`` with a length per slot.
+
+    :meth:`slot` is a :class:`PrefixCache` view of one slot (prefill writes through it unchanged); batched
+    forwards read every slot's prefix as one padded view and mask each past its own length. The capacity is fixed
+    (a slot view cannot grow).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.k = torch.zeros(num_layers, slots, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.views = [self._view(s) for s in range(slots)]
+
+    def _view(self, s: int) -> PrefixCache:
+        view = PrefixCache.__new__(PrefixCache)
+        view.k, view.v, view.length = self.k[:, s], self.v[:, s], 0
+        return view
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def slot(self, s: int) -> PrefixCache:
+        return self.views[s]
+
+    def reset(self, s: int) -> None:
+        self.views[s].length = 0
+
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,  # [R] long
+        positions: torch.Tensor,  # [R, T] long
+        k: torch.Tensor,  # [R, T, Hkv, D]
+        v: torch.Tensor,  # [R, T, Hkv, D]
+    ) -> None:
+        """Store each request's rows at its own positions (lengths are advanced by the caller's views)."""
+        self.k[layer][slots[:, None], :, positions] = k
+        self.v[layer][slots[:, None], :, positions] = v

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfold.config import ModelConfig
-from specfold.model.attention import AttnState, attend, attend_prefill, block_bias
-from specfold.model.cache import PrefixCache
+from specfold.model.attention import AttnState, attend, attend_prefill, attend_ragged, block_bias
+from specfold.model.cache import BatchCache, PrefixCache
 from specfold.model.rope import Rotary, apply_rotary
 
 # NOTE: measured on CPU (README, "Long prompts"): 1024 rows per chunk is as fast as one-shot at 4k prompts and keeps
@@ -177,6 +177,40 @@ class DLLM(nn.Module):
         if write_cache:
             cache.commit(t)
         h = h.view(b, t, -1)
+        return self.logits(h if logit_rows is None else h[:, logit_rows])
+
+    def forward_ragged(
+        self,
+        tokens: torch.Tensor,  # [R, T] one block state per request
+        cache: BatchCache,
+        slots: torch.Tensor,  # [R] long, each request's cache slot
+        lengths: torch.Tensor,  # [R] long, each request's cached length
+        mask: str = "bidirectional",
+        write_cache: bool = False,
+        logit_rows: slice | None = None,
+    ) -> torch.Tensor:
+        """Dense forward of ``R`` requests' blocks, each at positions ``lengths[r] ..`` over its own prefix.
+        Returns raw logits ``[R, T, V]`` (``[R, T', V]`` with ``logit_rows``). With ``write_cache`` each block's
+        K/V is stored past its request's length (the caller advances the lengths)."""
+        r, t = tokens.shape
+        positions = lengths[:, None] + torch.arange(t, device=self.device)  # [R, T]
+        cos, sin, qscale = self.rotary.tables(positions.reshape(-1), self.dtype)
+        bias = block_bias(mask, t, self.cfg.block_size, self.dtype, self.device)
+        p_max = int(lengths.max())
+        # Slots 0..R-1 in order (the usual full batch) are read as a view; otherwise the rows are gathered.
+        rows = slice(0, r) if bool((slots == torch.arange(r, device=slots.device)).all()) else slots
+        h = F.embedding(tokens, self.embed).reshape(r * t, -1)  # [R*T, E]
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(h, cos, sin, qscale)
+            k, v = k.view(r, t, layer.hkv, layer.d), v.view(r, t, layer.hkv, layer.d)
+            pk = cache.k[i, rows, :, :p_max]  # [R, Hkv, P, D]
+            pv = cache.v[i, rows, :, :p_max]
+            o = attend_ragged(q.view(r, t, layer.hq, layer.d), pk, pv, lengths, k, v, bias, self.scale)
+            if write_cache:
+                cache.write(i, slots, positions, k, v)
+            h = h + layer.attn_out(o.to(h.dtype).reshape(r * t, layer.hq, layer.d))
+            h = h + layer.ffn(h)
+        h = h.view(r, t, -1)
         return self.logits(h if logit_rows is None else h[:, logit_rows])
 
     def prefill(

@@ -1,0 +1,249 @@
+"""Batched block decoding with continuous batching: up to ``max_batch`` requests share one forward per step.
+
+Dims: ``R`` active requests, ``N`` block length, ``V`` vocabulary.
+
+Each request keeps its own prompt, prefix KV cache (a slot of one :class:`~specfold.model.cache.BatchCache`,
+ragged lengths masked in attention), block state, small-block window and stop state. A step admits waiting
+requests (prefill, one request at a time), runs one :meth:`DLLM.forward_ragged` over every active request's
+block, applies the unmasking rule per request, and writes every finished block to its request's cache in one
+batched forward. Finished requests leave at once; waiting ones join at the next step.
+
+The per-request rule (unmask, stop, block end) is the one :func:`~specfold.decoding.decoder.decode` applies, so
+a request's tokens do not depend on its batch neighbours (tested in fp64 against batch-1 decoding).
+
+NOTE: only vanilla decoding (no drafter) is batched so far; a method with a drafter is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from specfold.config import DecodeConfig
+from specfold.decoding.decoder import PROTOCOLS, GenerationResult, _seed_block, check_prompt
+from specfold.decoding.unmasking import stop_reached, unmask_step
+from specfold.model.cache import BatchCache
+from specfold.model.loading import LoadedModel
+
+
+@dataclass
+class BatchRequest:
+    request_id: Hashable
+    prompt_ids: list[int]
+    max_new_tokens: int | None = None  # None: cfg.max_new_tokens
+
+
+@dataclass
+class BatchEvent:
+    request_id: Hashable
+    committed: list[int]  # newly committed ids: the contiguous unmasked prefix only, truncated after the stop
+    result: GenerationResult | None = None  # set exactly once, in the request's last event
+
+
+@dataclass
+class BatchMethod:
+    """What decodes: ``drafter=None`` is vanilla. Anything with ``verifier`` / ``drafter`` attributes works."""
+
+    verifier: Any | None = None
+    drafter: Any | None = None
+
+
+@dataclass
+class _Request:
+    """One request's decoding state between passes."""
+
+    request_id: Hashable
+    cfg: DecodeConfig
+    slot: int
+    block: torch.Tensor  # [N]
+    gen_start: int
+    prefill_forwards: int
+    prefill_seconds: float
+    t0: float
+    generated: list[int] = field(default_factory=list)
+    steps_per_block: list[int] = field(default_factory=list)
+    steps: int = 0
+    nfe_denoise: int = 0
+    nfe_cache: int = 0
+    rows: float = 0.0
+    emitted: int = 0
+    stop_at: int | None = None
+
+
+class BatchDecoder:
+    def __init__(self, model: LoadedModel, cfg: DecodeConfig, method: Any = None, max_batch: int = 8) -> None:
+        cfg.validate()
+        if max_batch <= 0:
+            raise ValueError(f"max_batch must be positive, got {max_batch}")
+        if method is not None and getattr(method, "drafter", None) is not None:
+            raise ValueError("batched decoding supports vanilla only so far (the method has a drafter)")
+        self.model, self.cfg, self.max_batch = model, cfg, max_batch
+        net, c = model.net, model.config
+        self.proto = PROTOCOLS[c.family]
+        self.cache = BatchCache(
+            c.num_layers, max_batch, c.num_kv_heads, c.head_dim, c.max_position_embeddings, net.dtype, net.device
+        )
+        self.free = list(range(max_batch))
+        self.waiting: list[tuple[Hashable, torch.Tensor, DecodeConfig]] = []
+        self.active: dict[Hashable, _Request] = {}
+
+    @property
+    def idle(self) -> bool:
+        return not self.active and not self.waiting
+
+    def submit(self, request: BatchRequest) -> None:
+        cfg = self.cfg if request.max_new_tokens is None else replace(self.cfg, max_new_tokens=request.max_new_tokens)
+        cfg.validate()
+        if request.request_id in self.active or any(w[0] == request.request_id for w in self.waiting):
+            raise ValueError(f"request id {request.request_id!r} is already in the batch")
+        prompt = check_prompt(self.model, request.prompt_ids, cfg)
+        self.waiting.append((request.request_id, prompt, cfg))
+
+    def cancel(self, request_id: Hashable) -> None:
+        self.waiting = [w for w in self.waiting if w[0] != request_id]
+        req = self.active.pop(request_id, None)
+        if req is not None:
+            self._release(req)
+
+    def _release(self, req: _Request) -> None:
+        self.cache.reset(req.slot)
+        self.free.append(req.slot)
+        self.free.sort()
+
+    @torch.no_grad()
+    def step(self) -> list[BatchEvent]:
+        events: list[BatchEvent] = []
+        net, n, mask_id = self.model.net, self.cfg.block_size, self.model.mask_id
+        admitted = []
+        while self.waiting and self.free:
+            rid, prompt, cfg = self.waiting.pop(0)
+            slot = self.free.pop(0)
+            t_pre = time.perf_counter()
+            block, gen_start, forwards = self.proto.start(
+                net, prompt, self.cache.slot(slot), n, mask_id, chunk=cfg.prefill_chunk
+            )
+            now = time.perf_counter()
+            req = _Request(rid, cfg, slot, block, gen_start, forwards, now - t_pre, now)
+            self.active[rid] = req
+            admitted.append(req)
+        self._settle(admitted, events)
+        reqs = list(self.active.values())
+        if reqs:
+            states = torch.stack([r.block for r in reqs])  # [R, N]
+            slots, lengths = self._slots(reqs)
+            raw = net.forward_ragged(states, self.cache, slots, lengths, mask="bidirectional")
+            logits = net.position_logits(raw)  # [R, N, V]
+            for i, req in enumerate(reqs):
+                req.nfe_denoise += 1
+                req.rows += float(n)
+                req.block = unmask_step(logits[i], req.block, mask_id, req.cfg.small_block_size, req.cfg.threshold)
+                req.steps += 1
+            self._settle(reqs, events)
+        return events
+
+    def _slots(self, reqs: list[_Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.model.net.device
+        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=device)
+        lengths = torch.tensor([self.cache.slot(r.slot).length for r in reqs], dtype=torch.long, device=device)
+        return slots, lengths
+
+    def _settle(self, reqs: list[_Request], events: list[BatchEvent]) -> None:
+        """After a rule application: finish blocks whose stop or last mask was reached, write them to the caches
+        (one batched forward), seed the next blocks, and repeat for blocks finished at once; emit events."""
+        net, n, mask_id, stop_id = self.model.net, self.cfg.block_size, self.model.mask_id, self.model.stop_id
+        pending = reqs
+        while pending:
+            to_write = []
+            for req in pending:
+                req.stop_at = stop_reached(req.block, req.gen_start, mask_id, stop_id)
+                if req.stop_at is None and bool((req.block == mask_id).any()):
+                    new = self._new_tokens(req)
+                    if new:
+                        events.append(BatchEvent(req.request_id, new))
+                    continue
+                req.steps_per_block.append(req.steps)
+                end = n if req.stop_at is None else req.stop_at + 1
+                req.generated.extend(req.block[req.gen_start : end].tolist())
+                if req.stop_at is not None or len(req.generated) >= req.cfg.max_new_tokens:
+                    events.append(self._finish(req))
+                else:
+                    to_write.append(req)
+            if to_write:
+                states = torch.stack([r.block for r in to_write])  # [R', N]
+                slots, lengths = self._slots(to_write)
+                last = net.forward_ragged(
+                    states, self.cache, slots, lengths, mask=self.proto.finish_mask, write_cache=True,
+                    logit_rows=slice(-1, None),
+                )  # [R', 1, V]
+                seeds = last[:, -1].argmax(dim=-1)
+                for req, seed in zip(to_write, seeds, strict=True):
+                    self.cache.slot(req.slot).length += n
+                    req.nfe_cache += 1
+                    req.block, req.gen_start, req.steps = _seed_block(seed, n, mask_id), 0, 0
+            pending = to_write
+
+    def _new_tokens(self, req: _Request) -> list[int]:
+        """The request's committed tokens not yet emitted (the generation's contiguous unmasked prefix)."""
+        tail = req.block[req.gen_start :]
+        masked = (tail == self.model.mask_id).nonzero()
+        upto = int(masked[0, 0]) if masked.numel() else tail.numel()
+        current = req.generated + tail[:upto].tolist()
+        return self._emit(req, current)
+
+    def _emit(self, req: _Request, current: list[int]) -> list[int]:
+        stop_id = self.model.stop_id
+        if stop_id is not None and stop_id in current:
+            current = current[: current.index(stop_id) + 1]
+        current = current[: req.cfg.max_new_tokens]
+        new = current[req.emitted :]
+        req.emitted = max(req.emitted, len(current))
+        return new
+
+    def _finish(self, req: _Request) -> BatchEvent:
+        if self.model.net.device.type == "cuda":
+            torch.cuda.synchronize(self.model.net.device)
+        seconds = time.perf_counter() - req.t0
+        generated = req.generated[: req.cfg.max_new_tokens]
+        stopped = req.stop_at is not None and self.model.stop_id in generated
+        result = GenerationResult(
+            token_ids=generated,
+            text=None,
+            nfe=req.nfe_denoise + req.nfe_cache,
+            nfe_denoise=req.nfe_denoise,
+            nfe_cache=req.nfe_cache,
+            prefill_forwards=req.prefill_forwards,
+            steps_per_block=req.steps_per_block,
+            seconds=seconds,
+            generated_tokens=len(generated),
+            stopped=stopped,
+            accepted_drafts=0,
+            engine_stats={"rows": req.rows},
+            prefill_seconds=req.prefill_seconds,
+        )
+        committed = self._emit(req, generated)
+        del self.active[req.request_id]
+        self._release(req)
+        return BatchEvent(req.request_id, committed, result)
+
+
+def decode_batch(
+    model: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    cfg: DecodeConfig,
+    method: Any = None,
+    max_batch: int = 8,
+) -> list[GenerationResult]:
+    """Decode every prompt through a batch of at most ``max_batch`` requests; results in prompt order."""
+    decoder = BatchDecoder(model, cfg, method, max_batch)
+    for i, prompt in enumerate(prompts):
+        decoder.submit(BatchRequest(i, list(prompt)))
+    results: list[GenerationResult | None] = [None] * len(prompts)
+    while not decoder.idle:
+        for event in decoder.step():
+            if event.result is not None:
+                results[event.request_id] = event.result
+    return results  # type: ignore[return-value]

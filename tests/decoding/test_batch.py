@@ -1,0 +1,100 @@
+"""Batched decoding: every request's tokens equal its batch-1 decode (fp64), whatever its batch neighbours."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specfold.config import DecodeConfig
+from specfold.decoding.batch import BatchDecoder, BatchRequest, decode_batch
+from specfold.decoding.decoder import decode
+from specfold.model.loading import load_model
+
+
+def _cfg(model, **kw) -> DecodeConfig:
+    n = model.config.block_size
+    return DecodeConfig(block_size=n, small_block_size=n // 2, threshold=0.5, **kw)
+
+
+def _prompts(model, lengths, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    top = min(model.mask_id, model.stop_id) - 1
+    return [torch.randint(0, top, (t,), generator=g).tolist() for t in lengths]
+
+
+@pytest.fixture(params=["fd", "nld"])
+def model(request, fd_ckpt, nld_ckpt):
+    return load_model(fd_ckpt if request.param == "fd" else nld_ckpt, dtype="fp64")
+
+
+def test_vanilla_batch_equals_batch_one_with_refill_fp64(model):
+    n = model.config.block_size
+    # aligned and unaligned prompts of different lengths; 7 prompts through a batch of 3 (continuous refill)
+    prompts = _prompts(model, [n, 3, 2 * n + 1, n - 1, 5, 2 * n, 1])
+    cfg = _cfg(model, max_new_tokens=3 * n)
+    # a stop token that appears mid-generation in the first request: requests stop at different blocks
+    first = decode(model, prompts[0], cfg).token_ids
+    model = replace(model, stop_id=first[n + 2])
+    want = [decode(model, p, cfg) for p in prompts]
+    got = decode_batch(model, prompts, cfg, max_batch=3)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert [r.nfe for r in got] == [r.nfe for r in want]
+    assert [r.steps_per_block for r in got] == [r.steps_per_block for r in want]
+    assert [r.stopped for r in got] == [r.stopped for r in want]
+    assert len({len(r.steps_per_block) for r in want}) > 1  # they finished at different blocks
+
+
+def test_events_stream_the_committed_prefix_and_end_with_the_result_fp64(model):
+    n = model.config.block_size
+    prompts = _prompts(model, [n + 2, 4, 2 * n])
+    cfg = _cfg(model, max_new_tokens=2 * n)
+    budgets = [n, 2 * n, n + 3]  # per-request max_new_tokens: they leave at different steps
+    dec = BatchDecoder(model, cfg, max_batch=2)
+    for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)):
+        dec.submit(BatchRequest(i, p, max_new_tokens=b))
+    streamed: dict[int, list[int]] = {i: [] for i in range(3)}
+    results = {}
+    while not dec.idle:
+        for ev in dec.step():
+            assert ev.request_id not in results
+            streamed[ev.request_id].extend(ev.committed)
+            if ev.result is not None:
+                results[ev.request_id] = ev.result
+    for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)):
+        want = decode(model, p, replace(cfg, max_new_tokens=b)).token_ids
+        assert results[i].token_ids == want
+        assert streamed[i] == want
+
+
+def test_cancel_frees_the_slot_and_neighbours_are_unaffected_fp64(model):
+    n = model.config.block_size
+    prompts = _prompts(model, [n, 3, 7])
+    cfg = _cfg(model, max_new_tokens=2 * n)
+    dec = BatchDecoder(model, cfg, max_batch=2)
+    for i, p in enumerate(prompts):
+        dec.submit(BatchRequest(i, p))
+    dec.step()
+    dec.cancel(0)
+    results = {}
+    while not dec.idle:
+        for ev in dec.step():
+            assert ev.request_id != 0
+            if ev.result is not None:
+                results[ev.request_id] = ev.result.token_ids
+    assert results == {i: decode(model, prompts[i], cfg).token_ids for i in (1, 2)}
+
+
+def test_submit_refuses_bad_prompts_with_clear_messages(fd_ckpt):
+    model = load_model(fd_ckpt, dtype="fp64")
+    dec = BatchDecoder(model, _cfg(model, max_new_tokens=8))
+    with pytest.raises(ValueError, match="empty prompt"):
+        dec.submit(BatchRequest("a", []))
+    with pytest.raises(ValueError, match="past the vocabulary"):
+        dec.submit(BatchRequest("a", [model.config.vocab_size]))
+    with pytest.raises(ValueError, match="mask token id"):
+        dec.submit(BatchRequest("a", [1, model.mask_id]))
+    with pytest.raises(ValueError, match="position limit"):
+        dec.submit(BatchRequest("a", [1] * model.config.max_position_embeddings))
+    assert dec.idle
