@@ -13,6 +13,7 @@ import torch
 
 from specfold.config import DecodeConfig
 from specfold.decoding.acceptance import BlockTrace, CalibrationPaths
+from specfold.decoding.batch import decode_batch
 from specfold.decoding.calibration import count_formulas, counts_from_json, graph_from_counts, graph_from_paths
 from specfold.decoding.decoder import Drafter, GenerationResult, decode
 from specfold.decoding.draft_graph import DraftGraph, Formula
@@ -170,8 +171,11 @@ def generate(
     attention: str = "auto",
     chat: bool = True,
     prefill_chunk: int | None = None,
-) -> GenerationResult:
-    """Decode one prompt (text through the chat template, or token ids as given) and return a typed result.
+    batch_size: int = 8,
+) -> GenerationResult | list[GenerationResult]:
+    """Decode one prompt (text through the chat template, or token ids as given) and return a typed result; a
+    list of prompts (texts or id lists) returns one result per prompt, in order (vanilla decodes them through a
+    continuous batch of at most ``batch_size``; spiffy/specfold still decode them one after another).
 
     ``method``: ``vanilla``; ``spiffy`` (drafts from a calibrated graph, dense verification); ``specfold`` (the
     same drafts, folded verification with threshold ``delta``; ``ffn`` ``residual`` or ``paper``). All three
@@ -180,11 +184,17 @@ def generate(
     """
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk)
     m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn, attention)
-    ids = encode_prompt(model, prompt_or_ids, chat) if isinstance(prompt_or_ids, str) else prompt_or_ids
-    result = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
+    several = isinstance(prompt_or_ids, list | tuple) and bool(prompt_or_ids) and not isinstance(prompt_or_ids[0], int)
+    prompts = list(prompt_or_ids) if several else [prompt_or_ids]
+    ids = [encode_prompt(model, p, chat) if isinstance(p, str) else p for p in prompts]
+    if m.drafter is None and several:
+        results = decode_batch(model, ids, cfg, m, max_batch=batch_size)
+    else:
+        results = [decode(model, one, cfg, verifier=m.verifier, drafter=m.drafter) for one in ids]
     if model.tokenizer is not None:
-        result.text = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    return result
+        for result in results:
+            result.text = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    return results if several else results[0]
 
 
 def record_traces(

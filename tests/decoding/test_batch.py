@@ -98,3 +98,14 @@ def test_submit_refuses_bad_prompts_with_clear_messages(fd_ckpt):
     with pytest.raises(ValueError, match="position limit"):
         dec.submit(BatchRequest("a", [1] * model.config.max_position_embeddings))
     assert dec.idle
+
+
+def test_api_generate_with_several_prompts_returns_one_result_each_in_order(fd_ckpt):
+    import specfold
+
+    model = load_model(fd_ckpt, dtype="fp64")
+    prompts = _prompts(model, [5, 2 * model.config.block_size, 1])
+    kw = dict(max_new_tokens=16, threshold=0.5, batch_size=2)
+    got = specfold.generate(model, prompts, **kw)
+    assert isinstance(got, list) and len(got) == 3
+    assert [r.token_ids for r in got] == [specfold.generate(model, p, **kw).token_ids for p in prompts]
