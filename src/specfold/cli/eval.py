@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
     p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
     p.add_argument(
+        "--batch-size", type=positive_int, default=1, help="requests decoded together (continuous batching; vanilla)"
+    )
+    p.add_argument(
         "--evalplus-out",
         default=None,
         help="also write EvalPlus samples of the code tasks (one file per method when several ran)",
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         num_shards=args.num_shards,
         shard_id=args.shard_id,
         chat=not args.no_chat,
+        batch_size=args.batch_size,
     )
     model = load_from_args(args)
     bar = None

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from specfold.api import Method, decode_config_for, encode_prompt, prepare_method
 from specfold.config import DecodeConfig
-from specfold.decoding.decoder import decode
+from specfold.decoding.batch import decode_batch
+from specfold.decoding.decoder import GenerationResult, decode
 from specfold.engine.base import fold_ratio
 from specfold.model.loading import LoadedModel
 
@@ -152,6 +153,7 @@ class EvalPlan:
     num_shards: int = 1
     shard_id: int = 0
     chat: bool = True
+    batch_size: int = 1  # requests decoded together (vanilla through decode_batch; drafting methods one at a time)
 
 
 @dataclass
@@ -187,6 +189,7 @@ def run_eval(
         for spec in plan.methods
     ]
     _warm_up(model, cfg, prepared.values())
+    batched = _decode_batched(model, cfg, plan, prepared, work, done)
     results: list[dict[str, Any]] = []
     totals: dict[str, list[float]] = {}
     handle = open(out, "a") if out is not None else None
@@ -196,7 +199,9 @@ def run_eval(
             if key in done:
                 results.append(done[key])
             else:
-                rec = _run_one(model, cfg, prepared[spec], spec, task, sample, sources[task].score, plan.chat)
+                rec = _run_one(
+                    model, cfg, prepared[spec], spec, task, sample, sources[task].score, plan.chat, batched.get(key)
+                )
                 results.append(rec)
                 if handle is not None:
                     handle.write(json.dumps(rec) + "\n")
@@ -227,9 +232,31 @@ def _warm_up(model: LoadedModel, cfg: DecodeConfig, methods: Iterable[Method]) -
         decode(model, ids, short, verifier=m.verifier, drafter=m.drafter)
 
 
-def _run_one(model, cfg, method: Method, spec: MethodSpec, task, sample, score, chat) -> dict[str, Any]:
+def _decode_batched(model, cfg, plan: EvalPlan, prepared, work, done) -> dict[str, GenerationResult]:
+    """With ``plan.batch_size > 1``: the pending vanilla samples of each method decoded through one continuous
+    batch, keyed by record key (the records are written in the usual order afterwards)."""
+    if plan.batch_size <= 1:
+        return {}
+    out: dict[str, GenerationResult] = {}
+    for spec, method in prepared.items():
+        if method.drafter is not None:
+            continue
+        keys, prompts = [], []
+        for task, sample, s in work:
+            key = record_key({"task": task, "method": s.name, "params": s.params, "sample_id": sample.sample_id})
+            if s == spec and key not in done:
+                keys.append(key)
+                prompts.append(encode_prompt(model, sample.prompt, plan.chat))
+        out.update(zip(keys, decode_batch(model, prompts, cfg, method, max_batch=plan.batch_size), strict=True))
+    return out
+
+
+def _run_one(
+    model, cfg, method: Method, spec: MethodSpec, task, sample, score, chat, result: GenerationResult | None = None
+) -> dict[str, Any]:
     ids = encode_prompt(model, sample.prompt, chat)
-    result = decode(model, ids, cfg, verifier=method.verifier, drafter=method.drafter)
+    if result is None:
+        result = decode(model, ids, cfg, verifier=method.verifier, drafter=method.drafter)
     text = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     stats = result.engine_stats
     rec: dict[str, Any] = {
