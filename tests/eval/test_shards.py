@@ -67,3 +67,26 @@ def test_merge_reports_duplicates_and_conflicts(tmp_path: Path, capsys):
     assert report["conflicts"][0]["sample_id"] == "s1" and report["conflicts"][0]["fields"] == ["token_ids"]
     assert [r["token_ids"] for r in read_records(out)] == [[1, 2], [3, 4], [6]]  # first kept
     assert main(["merge", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
+
+
+def test_torchrun_two_processes_merge_to_the_single_run(text_ckpt: Path, tmp_path: Path, capsys):
+    """``torchrun --nproc-per-node 2 -m specfold.cli eval`` shards by RANK / WORLD_SIZE; the merge equals one run."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = tmp_path / "run.jsonl"
+    argv = shard_argv(text_ckpt, out, 0)
+    at = argv.index("--num-shards")
+    del argv[at : at + 4]  # no --num-shards / --shard-id: the launcher's RANK / WORLD_SIZE decide
+    argv = [str(torchrun), "--nproc-per-node", str(SHARDS), "--master-port", "29531", *argv[1:], "--batch-size", "2"]
+    env = {**os.environ, **ONE_THREAD_ENV, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=2 * SHARD_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outs = [tmp_path / f"run.rank{r}-of-{SHARDS}.jsonl" for r in range(SHARDS)]
+    assert all(read_records(o) for o in outs)
+    model = load_model(text_ckpt)
+    single = run_eval(model, EvalPlan(["synth-math"], [MethodSpec("vanilla"), MethodSpec("spiffy", budget=3)],
+                                      limit=LIMIT, max_new_tokens=16, block_size=8, threshold=1.0), None)
+    merged = tmp_path / "all.jsonl"
+    assert main(["merge", *map(str, outs), "--out", str(merged), "--json"]) == 0
+    capsys.readouterr()
+    recs = read_records(merged)
+    assert {record_key(r): r["token_ids"] for r in recs} == {record_key(r): r["token_ids"] for r in single}

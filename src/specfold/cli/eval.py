@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from specfold.cli.common import (
     add_decode_args,
@@ -16,6 +18,19 @@ from specfold.cli.common import (
     progress_bar,
 )
 
+
+def launcher_shard(num_shards: int, shard_id: int, out: str | None) -> tuple[int, int, str | None]:
+    """Under a launcher (torchrun: ``WORLD_SIZE`` > 1, ``RANK``) with the default single shard, this process is
+    shard ``RANK`` of ``WORLD_SIZE`` and writes ``OUT`` as ``STEM.rankR-of-W.SUFFIX`` (merge them with
+    ``specfold merge``); explicit ``--num-shards``/``--shard-id`` win."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or num_shards != 1:
+        return num_shards, shard_id, out
+    rank = int(os.environ.get("RANK", "0"))
+    if out is not None:
+        path = Path(out)
+        out = str(path.with_name(f"{path.stem}.rank{rank}-of-{world}{path.suffix}"))
+    return world, rank, out
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -54,7 +69,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from specfold.eval.harness import EvalPlan, MethodSpec, format_table, run_eval, summarize
 
@@ -69,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph))
         else:
             specs.append(MethodSpec(name))
+    num_shards, shard_id, out = launcher_shard(args.num_shards, args.shard_id, args.out)
     plan = EvalPlan(
         tasks=args.tasks,
         methods=specs,
@@ -79,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         block_size=args.block_size,
         small_block_size=args.small_block_size,
-        num_shards=args.num_shards,
-        shard_id=args.shard_id,
+        num_shards=num_shards,
+        shard_id=shard_id,
         chat=not args.no_chat,
         batch_size=args.batch_size,
     )
@@ -94,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix_str(" ".join(f"{k} {v:.0f} tok/s" for k, v in p.tokens_per_second.items()), refresh=False)
         bar.update(p.done - bar.n)
 
-    records = run_eval(model, plan, Path(args.out) if args.out else None, progress)
+    records = run_eval(model, plan, Path(out) if out else None, progress)
     if bar is not None:
         bar.close()
     summary = summarize(records)
