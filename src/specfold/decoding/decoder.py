@@ -139,6 +139,48 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class PassOutcome:
+    """What one verification pass did to a block: the new state, rule applications, accepted drafts, the stop
+    position (or None) and the logits that produced the new state ``[N, V]``."""
+
+    block: torch.Tensor  # [N]
+    steps: int
+    accepted: int
+    stop_at: int | None
+    logits: torch.Tensor
+
+
+def apply_pass(
+    logits: torch.Tensor,  # [K, N, V] position logits of the verified states
+    states: torch.Tensor,  # [K, N] row 0 = the current state
+    block: torch.Tensor,  # [N]
+    gen_start: int,
+    cfg: DecodeConfig,
+    mask_id: int,
+    stop_id: int | None,
+    observer: StepObserver | None = None,
+) -> PassOutcome:
+    """Apply the rule to row 0's logits and, while the next state equals a verified state exactly, continue from
+    that row's logits (an accepted draft): the vanilla trajectory, several steps per pass."""
+    row = steps = accepted = 0
+    while True:
+        row_logits = logits[row]
+        block = unmask_step(row_logits, block, mask_id, cfg.small_block_size, cfg.threshold)
+        steps += 1
+        if observer is not None:
+            observer.step(row_logits, block)
+        stop_at = stop_reached(block, gen_start, mask_id, stop_id)
+        if stop_at is not None or not bool((block == mask_id).any()) or states.shape[0] == 1:
+            break
+        match = (states == block).all(dim=-1).nonzero()
+        if match.numel() == 0:
+            break
+        row = int(match[0, 0])  # an accepted draft: its logits are the model's for this state
+        accepted += 1
+    return PassOutcome(block, steps, accepted, stop_at, row_logits)
+
+
 def check_prompt(model: LoadedModel, prompt_ids: list[int] | torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
     """The prompt as a ``[T]`` long tensor on the model's device; ValueError naming what is wrong with it."""
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=model.net.device).flatten()
@@ -203,22 +245,10 @@ def decode(
             nfe_denoise += 1
             for key, value in result.stats.items():
                 engine_stats[key] = engine_stats.get(key, 0.0) + value
-            row = 0
-            while True:
-                logits = result.logits[row]
-                block = unmask_step(logits, block, mask_id, cfg.small_block_size, cfg.threshold)
-                steps += 1
-                if observer is not None:
-                    observer.step(logits, block)
-                stop_at = stop_reached(block, gen_start, mask_id, stop_id)
-                if stop_at is not None or not bool((block == mask_id).any()) or states.shape[0] == 1:
-                    break
-                match = (states == block).all(dim=-1).nonzero()
-                if match.numel() == 0:
-                    break
-                row = int(match[0, 0])  # an accepted draft: its logits are the model's for this state
-                accepted += 1
-            ctx_logits = logits
+            out = apply_pass(result.logits, states, block, gen_start, cfg, mask_id, stop_id, observer)
+            block, stop_at, ctx_logits = out.block, out.stop_at, out.logits
+            steps += out.steps
+            accepted += out.accepted
         steps_per_block.append(steps)
         end = n if stop_at is None else stop_at + 1
         generated.extend(block[gen_start:end].tolist())

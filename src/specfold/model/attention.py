@@ -172,41 +172,48 @@ def attend_prefill(
     return o[0].transpose(0, 1)
 
 
+
 def attend_ragged(
-    q: torch.Tensor,  # [R, T, Hq, D] (RoPE'd, query-scaled), one block per request
+    q: torch.Tensor,  # [R, K, T, Hq, D] (RoPE'd, query-scaled): K branch blocks per request
     prefix_k: torch.Tensor,  # [R, Hkv, P, D] each request's prefix, padded past its length (a view, never copied)
     prefix_v: torch.Tensor,  # [R, Hkv, P, D]
     lengths: torch.Tensor,  # [R] long, each request's cached length (<= P)
-    block_k: torch.Tensor,  # [R, T, Hkv, D]
-    block_v: torch.Tensor,  # [R, T, Hkv, D]
+    block_k: torch.Tensor,  # [R, K, T, Hkv, D] each branch's own block keys
+    block_v: torch.Tensor,  # [R, K, T, Hkv, D]
     bias: torch.Tensor | None,  # [T, T] additive inside the block, None = bidirectional
     scale: float,
 ) -> torch.Tensor:
-    """Rows of several requests, each over its own ragged prefix and its own block. Returns ``o [R, T, Hq, D]``
-    (accumulation dtype). Padded prefix keys get ``-inf``; the prefix and block scores share one softmax."""
-    r, t, hq, d = q.shape
-    hkv = block_k.shape[2]
-    g = hq // hkv
+    """Branch rows of several requests, each over its request's ragged prefix and its own block. Returns
+    ``o [R, K, T, Hq, D]`` (accumulation dtype). Padded prefix keys get ``-inf``; the prefix and block scores
+    share one softmax. A request's branches are stacked as queries, so its prefix is read once, never expanded."""
+    r, k, t, hq, d = q.shape
+    hkv = block_k.shape[3]
+    g, tg = hq // hkv, t * hq // hkv
     acc = accumulation_dtype(q.dtype)
-    qg = q.view(r, t, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(r, hkv, t * g, d)  # [R, Hkv, T*G, D]
-    s_blk = torch.matmul(qg, block_k.permute(0, 2, 3, 1)).to(acc) * scale  # [R, Hkv, T*G, T]
+    qb = q.reshape(r * k, t, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(r * k, hkv, tg, d)  # [R*K, Hkv, T*G, D]
+    kb = block_k.reshape(r * k, t, hkv, d).permute(0, 2, 3, 1)  # [R*K, Hkv, D, T]
+    s_blk = torch.matmul(qb, kb).to(acc) * scale  # [R*K, Hkv, T*G, T]
     if bias is not None:
-        s_blk = s_blk.view(r, hkv, t, g, t) + bias.to(acc)[None, None, :, None, :]
-        s_blk = s_blk.reshape(r, hkv, t * g, t)
+        s_blk = s_blk.view(r * k, hkv, t, g, t) + bias.to(acc)[None, None, :, None, :]
+    s_blk = s_blk.reshape(r, k, hkv, tg, t)
+    m = s_blk.amax(dim=-1)  # [R, K, Hkv, T*G]
     p_len = prefix_k.shape[2]
-    m = s_blk.amax(dim=-1, keepdim=True)
     s_pre = None
     if p_len:
-        s_pre = torch.matmul(qg, prefix_k.transpose(2, 3)).to(acc) * scale  # [R, Hkv, T*G, P]
+        qp = q.view(r, k, t, hkv, g, d).permute(0, 3, 1, 2, 4, 5).reshape(r, hkv, k * tg, d)  # [R, Hkv, K*T*G, D]
+        s_pre = torch.matmul(qp, prefix_k.transpose(2, 3)).to(acc) * scale  # [R, Hkv, K*T*G, P]
         pad = torch.arange(p_len, device=q.device)[None, :] >= lengths[:, None]  # [R, P]
         s_pre = s_pre.masked_fill(pad[:, None, None, :], float("-inf"))
-        m = torch.maximum(m, s_pre.amax(dim=-1, keepdim=True))
-    p_blk = torch.exp(s_blk - m)
-    z = p_blk.sum(dim=-1, keepdim=True)
-    o = torch.matmul(p_blk.to(block_v.dtype), block_v.permute(0, 2, 1, 3)).to(acc)
+        s_pre = s_pre.view(r, hkv, k, tg, p_len).transpose(1, 2)  # [R, K, Hkv, T*G, P]
+        m = torch.maximum(m, s_pre.amax(dim=-1))
+    p_blk = torch.exp(s_blk - m[..., None])
+    z = p_blk.sum(dim=-1)
+    vb = block_v.reshape(r * k, t, hkv, d).permute(0, 2, 1, 3)  # [R*K, Hkv, T, D]
+    o = torch.matmul(p_blk.reshape(r * k, hkv, tg, t).to(block_v.dtype), vb).to(acc).view(r, k, hkv, tg, d)
     if s_pre is not None:
-        p_pre = torch.exp(s_pre - m)
-        z = z + p_pre.sum(dim=-1, keepdim=True)
-        o = o + torch.matmul(p_pre.to(prefix_v.dtype), prefix_v).to(acc)
-    o = (o / z).view(r, hkv, t, g, d).permute(0, 2, 1, 3, 4)  # [R, T, Hkv, G, D]
-    return o.reshape(r, t, hq, d)
+        p_pre = torch.exp(s_pre - m[..., None])
+        z = z + p_pre.sum(dim=-1)
+        pp = p_pre.transpose(1, 2).reshape(r, hkv, k * tg, p_len).to(prefix_v.dtype)
+        o = o + torch.matmul(pp, prefix_v).to(acc).view(r, hkv, k, tg, d).transpose(1, 2)
+    o = o / z[..., None]  # [R, K, Hkv, T*G, D]
+    return o.view(r, k, hkv, t, g, d).permute(0, 1, 3, 2, 4, 5).reshape(r, k, t, hq, d)

@@ -181,7 +181,7 @@ class DLLM(nn.Module):
 
     def forward_ragged(
         self,
-        tokens: torch.Tensor,  # [R, T] one block state per request
+        tokens: torch.Tensor,  # [R, K, T] K branch states per request (or [R, T]: one each)
         cache: BatchCache,
         slots: torch.Tensor,  # [R] long, each request's cache slot
         lengths: torch.Tensor,  # [R] long, each request's cached length
@@ -189,29 +189,36 @@ class DLLM(nn.Module):
         write_cache: bool = False,
         logit_rows: slice | None = None,
     ) -> torch.Tensor:
-        """Dense forward of ``R`` requests' blocks, each at positions ``lengths[r] ..`` over its own prefix.
-        Returns raw logits ``[R, T, V]`` (``[R, T', V]`` with ``logit_rows``). With ``write_cache`` each block's
-        K/V is stored past its request's length (the caller advances the lengths)."""
-        r, t = tokens.shape
+        """Dense forward of ``R`` requests' branch blocks, each at positions ``lengths[r] ..`` over its request's
+        prefix. Returns raw logits ``[R, K, T, V]`` (``[R, T, V]`` for 2-D tokens; ``T'`` rows with
+        ``logit_rows``). With ``write_cache`` (one branch each) each block's K/V is stored past its request's
+        length (the caller advances the lengths)."""
+        flat = tokens.dim() == 2
+        if flat:
+            tokens = tokens[:, None]
+        r, k, t = tokens.shape
+        if write_cache and k != 1:
+            raise ValueError("write_cache needs exactly one branch per request")
         positions = lengths[:, None] + torch.arange(t, device=self.device)  # [R, T]
-        cos, sin, qscale = self.rotary.tables(positions.reshape(-1), self.dtype)
+        cos, sin, qscale = self.rotary.tables(positions[:, None].expand(r, k, t).reshape(-1), self.dtype)
         bias = block_bias(mask, t, self.cfg.block_size, self.dtype, self.device)
         p_max = int(lengths.max())
         # Slots 0..R-1 in order (the usual full batch) are read as a view; otherwise the rows are gathered.
         rows = slice(0, r) if bool((slots == torch.arange(r, device=slots.device)).all()) else slots
-        h = F.embedding(tokens, self.embed).reshape(r * t, -1)  # [R*T, E]
+        h = F.embedding(tokens, self.embed).reshape(r * k * t, -1)  # [R*K*T, E]
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(h, cos, sin, qscale)
-            k, v = k.view(r, t, layer.hkv, layer.d), v.view(r, t, layer.hkv, layer.d)
+            q, kk, v = layer.qkv(h, cos, sin, qscale)
+            kk, v = kk.view(r, k, t, layer.hkv, layer.d), v.view(r, k, t, layer.hkv, layer.d)
             pk = cache.k[i, rows, :, :p_max]  # [R, Hkv, P, D]
             pv = cache.v[i, rows, :, :p_max]
-            o = attend_ragged(q.view(r, t, layer.hq, layer.d), pk, pv, lengths, k, v, bias, self.scale)
+            o = attend_ragged(q.view(r, k, t, layer.hq, layer.d), pk, pv, lengths, kk, v, bias, self.scale)
             if write_cache:
-                cache.write(i, slots, positions, k, v)
-            h = h + layer.attn_out(o.to(h.dtype).reshape(r * t, layer.hq, layer.d))
+                cache.write(i, slots, positions, kk[:, 0], v[:, 0])
+            h = h + layer.attn_out(o.to(h.dtype).reshape(r * k * t, layer.hq, layer.d))
             h = h + layer.ffn(h)
-        h = h.view(r, t, -1)
-        return self.logits(h if logit_rows is None else h[:, logit_rows])
+        h = h.view(r, k, t, -1)
+        out = self.logits(h if logit_rows is None else h[:, :, logit_rows])
+        return out[:, 0] if flat else out
 
     def prefill(
         self,
