@@ -109,3 +109,87 @@ def test_api_generate_with_several_prompts_returns_one_result_each_in_order(fd_c
     got = specfold.generate(model, prompts, **kw)
     assert isinstance(got, list) and len(got) == 3
     assert [r.token_ids for r in got] == [specfold.generate(model, p, **kw).token_ids for p in prompts]
+
+
+# --- drafting methods: spiffy and specfold in the batch ------------------------------------------------------------
+
+def _calibrated(model, prompts, cfg):
+    from specfold.api import record_counts
+    from specfold.decoding.calibration import candidates, graph_from_counts
+
+    counts = record_counts(model, prompts, cfg, max_depth=4)
+    return graph_from_counts(counts, min(7, len(candidates(counts))))
+
+
+def _method(model, name, graph, cfg, delta):
+    from specfold.decoding.batch import BatchMethod
+    from specfold.decoding.speculative import GraphDrafter
+    from specfold.engine.dense import DenseVerifier
+    from specfold.engine.folded import FoldedVerifier
+
+    drafter = GraphDrafter(graph, model.mask_id, cfg.small_block_size, model.stop_id)
+    if name == "spiffy":
+        return BatchMethod(DenseVerifier(model.net), drafter)
+    # δ > 0: no cost rule, so that every fold decision is the request's own (see decoding/batch.py)
+    settings = {} if delta == 0 else {"cost": None, "dense_fallback": False, "attention": "correct"}
+    return BatchMethod(FoldedVerifier(model.net, delta, **settings), drafter)
+
+
+@pytest.mark.parametrize(("name", "delta"), [("spiffy", 0.0), ("specfold", 0.0), ("specfold", 0.05)])
+def test_drafting_methods_batch_equals_batch_one_with_refill_fp64(model, name, delta):
+    n = model.config.block_size
+    prompts = _prompts(model, [n, 3, 2 * n + 1, n - 1, 5], seed=4)
+    cfg = DecodeConfig(block_size=n, small_block_size=n // 2, threshold=0.9, max_new_tokens=2 * n)  # drafts land
+    first = decode(model, prompts[0], cfg).token_ids
+    model = replace(model, stop_id=first[n + 1])  # requests stop at different blocks
+    graph = _calibrated(model, prompts, cfg)
+    method = _method(model, name, graph, cfg, delta)
+    want = [decode(model, p, cfg, verifier=method.verifier, drafter=method.drafter) for p in prompts]
+    got = decode_batch(model, prompts, cfg, method, max_batch=3)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert [r.nfe for r in got] == [r.nfe for r in want]
+    assert [r.accepted_drafts for r in got] == [r.accepted_drafts for r in want]
+    assert sum(r.accepted_drafts for r in got) > 0  # drafts were verified and accepted inside the batch
+    keys = ["rows"] + (["draft_triples"] if name == "specfold" else [])
+    if delta > 0:  # no cost rule: what folds is the request's own decision (with it, the batch picks the mode)
+        keys += ["folded_triples", "ffn_folded_triples", "corrected_rows", "guard_fallbacks"]
+    for key in keys:  # per-request statistics: over its own rows, never its neighbours' or the padding
+        assert [r.engine_stats[key] for r in got] == [r.engine_stats[key] for r in want], key
+    if delta == 0:
+        vanilla = [decode(model, p, cfg).token_ids for p in prompts]
+        assert [r.token_ids for r in got] == vanilla
+    if name == "specfold":
+        assert sum(r.engine_stats["folded_triples"] for r in got) > 0
+
+
+def test_folded_batch_pass_equals_each_request_alone_fp64(fd_ckpt):
+    """One verify_batch over requests with different prefix lengths and branch counts (padding rows included)
+    gives each request the logits of its own one-request pass, for the torch engine's correct and direct paths."""
+    from specfold.engine.base import BatchBranches
+    from specfold.engine.folded import FoldedVerifier
+    from specfold.model.cache import BatchCache
+
+    model = load_model(fd_ckpt, dtype="fp64")
+    net, c, n = model.net, model.config, model.config.block_size
+    g = torch.Generator().manual_seed(11)
+    lengths, branches = [n, 3 * n, 0], [3, 1, 4]
+    cache = BatchCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, 8 * n, net.dtype)
+    for s, t in enumerate(lengths):
+        if t:
+            net.prefill(torch.randint(0, 200, (t,), generator=g), cache.slot(s), mask="block_causal")
+    base = torch.randint(0, 200, (3, n), generator=g)
+    states, parents = base[:, None].repeat(1, 4, 1), torch.zeros(3, 4, dtype=torch.long)
+    parents[:, 0] = -1
+    for r, kr in enumerate(branches):  # drafts: row j changes a few positions of its parent
+        for j in range(1, kr):
+            parents[r, j] = j - 1 if j % 2 else 0
+            states[r, j] = states[r, parents[r, j]]
+            states[r, j, torch.randint(0, n, (2,), generator=g)] = torch.randint(0, 200, (2,), generator=g)
+    batch = BatchBranches(cache, torch.arange(3), torch.tensor(lengths), states, parents, branches)
+    for attention in ("correct", "direct"):
+        verifier = FoldedVerifier(net, 0.05, cost=None, dense_fallback=False, attention=attention)
+        out = verifier.verify_batch(batch)
+        for r, kr in enumerate(branches):
+            alone = verifier.verify(cache.slot(r), states[r, :kr], parents[r, :kr])
+            torch.testing.assert_close(out.logits[r], alone.logits, rtol=0, atol=1e-10)
+            assert out.stats[r] == alone.stats, attention

@@ -2,16 +2,23 @@
 
 Dims: ``R`` active requests, ``N`` block length, ``V`` vocabulary.
 
+Dims: ``R`` active requests, ``K`` branches per request in a pass (padded to the largest), ``N`` block length,
+``V`` vocabulary.
+
 Each request keeps its own prompt, prefix KV cache (a slot of one :class:`~specfold.model.cache.BatchCache`,
-ragged lengths masked in attention), block state, small-block window and stop state. A step admits waiting
-requests (prefill, one request at a time), runs one :meth:`DLLM.forward_ragged` over every active request's
-block, applies the unmasking rule per request, and writes every finished block to its request's cache in one
-batched forward. Finished requests leave at once; waiting ones join at the next step.
+ragged lengths masked in attention), block state, small-block window, stop state and — with a drafter (spiffy,
+specfold) — the logits that produced its state, from which its drafts are made. A step admits waiting requests
+(prefill, one request at a time), drafts per request, runs one verification pass over every active request's
+branches (:meth:`~specfold.engine.base.Verifier.verify_batch`: dense, or folded inside each request), applies the
+pass per request (:func:`~specfold.decoding.decoder.apply_pass`: the rule, then accepted drafts), and writes every
+finished block to its request's cache in one batched forward. Finished requests leave at once; waiting ones join
+at the next step. Active requests always occupy slots ``0 .. R-1`` (a leaving request's slot is refilled by
+moving the last one, once), so every pass reads the prefixes as one view, never copied per step.
 
-The per-request rule (unmask, stop, block end) is the one :func:`~specfold.decoding.decoder.decode` applies, so
-a request's tokens do not depend on its batch neighbours (tested in fp64 against batch-1 decoding).
-
-NOTE: only vanilla decoding (no drafter) is batched so far; a method with a drafter is refused.
+The per-request rule (unmask, stop, block end, draft acceptance) is the one
+:func:`~specfold.decoding.decoder.decode` applies, so a request's tokens do not depend on its batch neighbours
+(tested in fp64 against batch-1 decoding). One exception: the folded verifier's cost rule decides a layer's
+dense fallback for the whole pass, which at δ > 0 can change which rows fold.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from typing import Any
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.decoder import PROTOCOLS, GenerationResult, _seed_block, check_prompt
-from specfold.decoding.unmasking import stop_reached, unmask_step
+from specfold.decoding.decoder import PROTOCOLS, GenerationResult, _seed_block, apply_pass, check_prompt
+from specfold.decoding.unmasking import stop_reached
+from specfold.engine.base import BatchBranches
+from specfold.engine.dense import DenseVerifier
 from specfold.model.cache import BatchCache
 from specfold.model.loading import LoadedModel
 
@@ -69,7 +78,9 @@ class _Request:
     steps: int = 0
     nfe_denoise: int = 0
     nfe_cache: int = 0
-    rows: float = 0.0
+    accepted: int = 0
+    engine_stats: dict[str, float] = field(default_factory=dict)
+    ctx_logits: torch.Tensor | None = None  # [N, V] the logits that produced the block (None at a block start)
     emitted: int = 0
     stop_at: int | None = None
 
@@ -79,10 +90,10 @@ class BatchDecoder:
         cfg.validate()
         if max_batch <= 0:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
-        if method is not None and getattr(method, "drafter", None) is not None:
-            raise ValueError("batched decoding supports vanilla only so far (the method has a drafter)")
         self.model, self.cfg, self.max_batch = model, cfg, max_batch
         net, c = model.net, model.config
+        self.verifier = getattr(method, "verifier", None) or DenseVerifier(net)
+        self.drafter = getattr(method, "drafter", None)
         self.proto = PROTOCOLS[c.family]
         self.cache = BatchCache(
             c.num_layers, max_batch, c.num_kv_heads, c.head_dim, c.max_position_embeddings, net.dtype, net.device
@@ -110,8 +121,19 @@ class BatchDecoder:
             self._release(req)
 
     def _release(self, req: _Request) -> None:
-        self.cache.reset(req.slot)
-        self.free.append(req.slot)
+        """Free the request's slot; the request in the highest slot moves into it (one copy of its cache), so the
+        active requests keep slots ``0 .. R-1``."""
+        hole = req.slot
+        last = max(self.active.values(), key=lambda r: r.slot, default=None)
+        if last is not None and last.slot > hole:
+            src, dst = self.cache.slot(last.slot), self.cache.slot(hole)
+            length = src.length
+            dst.k[:, :, :length] = src.k[:, :, :length]
+            dst.v[:, :, :length] = src.v[:, :, :length]
+            dst.length = length
+            hole, last.slot = last.slot, hole
+        self.cache.reset(hole)
+        self.free.append(hole)
         self.free.sort()
 
     @torch.no_grad()
@@ -131,24 +153,37 @@ class BatchDecoder:
             self.active[rid] = req
             admitted.append(req)
         self._settle(admitted, events)
-        reqs = list(self.active.values())
+        reqs = sorted(self.active.values(), key=lambda r: r.slot)
         if reqs:
-            states = torch.stack([r.block for r in reqs])  # [R, N]
+            drafts = [self._draft(req) for req in reqs]
+            k = max(st.shape[0] for st, _ in drafts)
+            states = torch.stack([torch.cat([st, st[:1].expand(k - st.shape[0], n)]) for st, _ in drafts])
+            parents = torch.stack([torch.cat([par, par.new_zeros(k - par.shape[0])]) for _, par in drafts])
             slots, lengths = self._slots(reqs)
-            raw = net.forward_ragged(states, self.cache, slots, lengths, mask="bidirectional")
-            logits = net.position_logits(raw)  # [R, N, V]
-            for i, req in enumerate(reqs):
+            batch = BatchBranches(self.cache, slots, lengths, states, parents, [st.shape[0] for st, _ in drafts])
+            result = self.verifier.verify_batch(batch)  # states [R, K, N], parents [R, K]
+            for req, (st, _), logits, stats in zip(reqs, drafts, result.logits, result.stats, strict=True):
                 req.nfe_denoise += 1
-                req.rows += float(n)
-                req.block = unmask_step(logits[i], req.block, mask_id, req.cfg.small_block_size, req.cfg.threshold)
-                req.steps += 1
+                for key, value in stats.items():
+                    req.engine_stats[key] = req.engine_stats.get(key, 0.0) + value
+                out = apply_pass(logits, st, req.block, req.gen_start, req.cfg, mask_id, self.model.stop_id)
+                req.block, req.ctx_logits = out.block, out.logits
+                req.steps += out.steps
+                req.accepted += out.accepted
             self._settle(reqs, events)
         return events
 
+    def _draft(self, req: _Request) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's branch states ``[K, N]`` and parents ``[K]`` for the next pass (just its state at a block
+        start or without a drafter)."""
+        if self.drafter is not None and req.ctx_logits is not None:
+            return self.drafter.draft(req.ctx_logits, req.block, req.gen_start)
+        return req.block[None], torch.full((1,), -1, dtype=torch.long, device=req.block.device)
+
     def _slots(self, reqs: list[_Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        device = self.model.net.device
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=device)
-        lengths = torch.tensor([self.cache.slot(r.slot).length for r in reqs], dtype=torch.long, device=device)
+        """Slots and cached lengths ``[R]`` (host tensors: a pass reads them without a device sync)."""
+        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long)
+        lengths = torch.tensor([self.cache.slot(r.slot).length for r in reqs], dtype=torch.long)
         return slots, lengths
 
     def _settle(self, reqs: list[_Request], events: list[BatchEvent]) -> None:
@@ -184,6 +219,7 @@ class BatchDecoder:
                     self.cache.slot(req.slot).length += n
                     req.nfe_cache += 1
                     req.block, req.gen_start, req.steps = _seed_block(seed, n, mask_id), 0, 0
+                    req.ctx_logits = None
             pending = to_write
 
     def _new_tokens(self, req: _Request) -> list[int]:
@@ -220,8 +256,8 @@ class BatchDecoder:
             seconds=seconds,
             generated_tokens=len(generated),
             stopped=stopped,
-            accepted_drafts=0,
-            engine_stats={"rows": req.rows},
+            accepted_drafts=req.accepted,
+            engine_stats=req.engine_stats,
             prefill_seconds=req.prefill_seconds,
         )
         committed = self._emit(req, generated)

@@ -6,7 +6,8 @@ pairs), ``P`` cached prefix length, ``Hq`` query heads, ``Hkv`` key/value heads 
 
 Each packed row ``r`` (flat index ``rows[r] = branch·N + position``) attends to the shared prefix and to its own
 branch's block K/V, and keeps the streaming-softmax state ``(m, Z, O)`` of :mod:`specfold.model.attention`
-(same conventions: scores and state in fp32, fp64 for fp64 models; P·V products in the value dtype). This is
+(same conventions: scores and state in fp32, fp64 for fp64 models; P·V products in the value dtype). With
+several requests in one pass each row reads its own request's prefix (a padded ``[S, Hkv, P, D]`` view). This is
 the torch reference of the row-attention kernel; the folded engine's correction (Eq. 8) starts from its state.
 """
 
@@ -19,14 +20,18 @@ from specfold.model.attention import AttnState, accumulation_dtype
 
 def attend_rows(
     q: torch.Tensor,  # [R, Hq, D] RoPE'd, query-scaled queries of the packed rows
-    rows: torch.Tensor,  # [R] long, flat (branch·N + position) index of each packed row
-    prefix_k: torch.Tensor | None,  # [Hkv, P, D] shared by every branch, or None when P = 0
-    prefix_v: torch.Tensor | None,  # [Hkv, P, D]
+    rows: torch.Tensor,  # [R] long, flat (branch·N + position) index of each packed row, ascending
+    prefix_k: torch.Tensor | None,  # [Hkv, P, D] shared by every branch, [S, Hkv, P, D] per request, or None
+    prefix_v: torch.Tensor | None,  # same layout as prefix_k
     block_k: torch.Tensor,  # [K, N, Hkv, D] each branch's block key table
     block_v: torch.Tensor,  # [K, N, Hkv, D]
     scale: float,
+    prefix_len: torch.Tensor | None = None,  # [S] long: live keys of each request's prefix (4-dim prefix only)
 ) -> AttnState:
-    """Bidirectional block attention of packed rows. Returns ``m, z [R, Hq]`` and ``o [R, Hq, D]`` (acc dtype)."""
+    """Bidirectional block attention of packed rows. Returns ``m, z [R, Hq]`` and ``o [R, Hq, D]`` (acc dtype).
+
+    A 4-dim prefix holds ``S`` requests of ``K / S`` consecutive branches each; a row attends to its request's
+    prefix up to ``prefix_len`` (keys past it are masked)."""
     r, hq, d = q.shape
     k, n, hkv, _ = block_k.shape
     g = hq // hkv
@@ -41,12 +46,11 @@ def attend_rows(
     s_blk = s_blk.view(k, hkv, n, g, n).permute(0, 2, 1, 3, 4).reshape(k * n, hq, n)[rows]  # [R, Hq, N]
     m = s_blk.amax(dim=-1)  # [R, Hq]
 
-    s_pre = None
-    if prefix_k is not None and prefix_k.shape[1] > 0:
-        # NOTE: all packed rows are stacked as queries: the shared prefix is read once, never expanded per branch.
-        qp = q.view(r, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, r * g, d)
-        s_pre = torch.matmul(qp, prefix_k.transpose(1, 2)).to(acc) * scale  # [Hkv, R*G, P]
-        m = torch.maximum(m, s_pre.amax(dim=-1).view(hkv, r, g).permute(1, 0, 2).reshape(r, hq))
+    pre = None
+    if prefix_k is not None and prefix_k.shape[-2] > 0:
+        pre = _PrefixRows.of(q, rows, prefix_k, prefix_len, k * n)
+        s_pre = pre.scores(prefix_k, scale, acc)  # [S, Hkv, Y*G, P]
+        m = torch.maximum(m, pre.to_rows(s_pre.amax(dim=-1)))
 
     p_blk = torch.exp(s_blk - m[..., None])  # [R, Hq, N]
     z = p_blk.sum(dim=-1)
@@ -54,10 +58,61 @@ def attend_rows(
     pb = ppad.view(k, n, hkv, g, n).permute(0, 2, 1, 3, 4).reshape(k, hkv, n * g, n).to(block_v.dtype)
     o = torch.matmul(pb, block_v.permute(0, 2, 1, 3)).to(acc)  # [K, Hkv, N*G, D]
     o = o.view(k, hkv, n, g, d).permute(0, 2, 1, 3, 4).reshape(k * n, hq, d)[rows]  # [R, Hq, D]
-    if s_pre is not None:
-        m_pre = m.view(r, hkv, g).permute(1, 0, 2).reshape(hkv, r * g, 1)
-        p_pre = torch.exp(s_pre - m_pre)  # [Hkv, R*G, P]
-        z = z + p_pre.sum(dim=-1).view(hkv, r, g).permute(1, 0, 2).reshape(r, hq)
-        o_pre = torch.matmul(p_pre.to(prefix_v.dtype), prefix_v).to(acc)  # [Hkv, R*G, D]
-        o = o + o_pre.view(hkv, r, g, d).permute(1, 0, 2, 3).reshape(r, hq, d)
+    if pre is not None:
+        p_pre = torch.exp(s_pre - pre.from_rows(m)[..., None])  # [S, Hkv, Y*G, P]; masked keys: 0
+        z = z + pre.to_rows(p_pre.sum(dim=-1))
+        pv = prefix_v if prefix_v.dim() == 4 else prefix_v[None]
+        o = o + pre.to_rows(torch.matmul(p_pre.to(pv.dtype), pv).to(acc))
     return AttnState(m=m, z=z, o=o / z[..., None])
+
+
+class _PrefixRows:
+    """The packed rows laid out as prefix queries: ``S`` groups (requests) of ``Y`` rows each, ``[S, Hkv, Y*G, D]``.
+
+    One shared prefix: ``S = 1``, ``Y = R`` (every row stacked, the prefix read once). Per-request prefixes: row
+    ``j`` goes to group ``rows[j] // span`` at its rank inside the group, ``Y`` the largest group (zero-padded)."""
+
+    def __init__(self, q4: torch.Tensor, index: torch.Tensor | None, mask: torch.Tensor | None, hq: int) -> None:
+        self.q4, self.index, self.mask, self.hq = q4, index, mask, hq  # index [R] into S*Y; mask [S, P] padding
+
+    @classmethod
+    def of(cls, q, rows, prefix_k, prefix_len, span: int) -> _PrefixRows:
+        r, hq, d = q.shape
+        hkv = prefix_k.shape[-3]
+        g = hq // hkv
+        if prefix_k.dim() == 3:
+            return cls(q.view(1, r, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(1, hkv, r * g, d), None, None, hq)
+        s, p = prefix_k.shape[0], prefix_k.shape[2]
+        group = rows // (span // s)  # [R] request of each row (rows ascend, so groups are contiguous)
+        sizes = torch.bincount(group, minlength=s)
+        y = int(sizes.max())  # NOTE: one host read: the padded group size
+        rank = torch.arange(r, device=q.device) - (torch.cumsum(sizes, 0) - sizes)[group]
+        index = group * y + rank
+        qpad = q.new_zeros(s * y, hq, d).index_copy_(0, index, q)
+        q4 = qpad.view(s, y, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(s, hkv, y * g, d)
+        live = prefix_len if prefix_len is not None else torch.full((s,), p, device=q.device)
+        mask = torch.arange(p, device=q.device)[None, :] >= live.to(q.device)[:, None]  # [S, P]
+        return cls(q4, index, mask, hq)
+
+    def scores(self, prefix_k: torch.Tensor, scale: float, acc: torch.dtype) -> torch.Tensor:
+        pk = prefix_k if prefix_k.dim() == 4 else prefix_k[None]
+        s = torch.matmul(self.q4, pk.transpose(-1, -2)).to(acc) * scale  # [S, Hkv, Y*G, P]
+        if self.mask is not None:
+            s = s.masked_fill(self.mask[:, None, None, :], float("-inf"))
+        return s
+
+    def to_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """``[S, Hkv, Y*G, ...]`` -> ``[R, Hq, ...]``."""
+        s, hkv, yg = t.shape[:3]
+        g = self.hq // hkv
+        rest = t.shape[3:]
+        t = t.view(s, hkv, yg // g, g, *rest).transpose(1, 2).reshape(s * (yg // g), self.hq, *rest)
+        return t if self.index is None else t[self.index]
+
+    def from_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """``[R, Hq]`` -> ``[S, Hkv, Y*G]`` (padding rows 0)."""
+        s, hkv, yg = self.q4.shape[:3]
+        g = self.hq // hkv
+        if self.index is not None:
+            t = t.new_zeros(s * (yg // g), self.hq).index_copy_(0, self.index, t)
+        return t.view(s, yg // g, hkv, g).transpose(1, 2).reshape(s, hkv, yg)

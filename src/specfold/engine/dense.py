@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specfold.engine.base import VerifyResult
+from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM
 
@@ -23,3 +23,14 @@ class DenseVerifier:
         raw = self.net(states, cache, mask="bidirectional")
         rows = states.shape[0] * states.shape[1]
         return VerifyResult(self.net.position_logits(raw), {"rows": float(rows)})
+
+    @torch.no_grad()
+    def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult:
+        """Every request's real branches in one ragged forward; padding rows skip the GEMMs and the LM head."""
+        r, k, n = batch.states.shape
+        full = all(b == k for b in batch.branches)
+        raw = self.net.forward_ragged(batch.states, batch.cache, batch.slots, batch.lengths,
+                                      valid=None if full else batch.valid)
+        logits = self.net.position_logits(raw.reshape(-1, n, raw.shape[-1]))  # [B', N, V]
+        stats = [{"rows": float(b * n)} for b in batch.branches]
+        return BatchVerifyResult(list(torch.split(logits, batch.branches)), stats)

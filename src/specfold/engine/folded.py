@@ -41,12 +41,12 @@ from dataclasses import dataclass
 import torch
 
 from specfold.engine.attention_rows import attend_rows
-from specfold.engine.base import VerifyResult
+from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
 from specfold.engine.correction import correct_rows
 from specfold.engine.cost import LayerCost, measure_machine
 from specfold.engine.gate import branch_depths, fold_mask, relative_residual, resolve_sources
 from specfold.engine.layer_types import FoldConfig, FoldTrace, LayerContext, LayerCounts, LayerTrace
-from specfold.model.attention import attend
+from specfold.model.attention import attend, attend_ragged
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM, Layer
 
@@ -175,7 +175,7 @@ class _Attention:
     v: torch.Tensor  # [K, N, Hkv, D]
     o: torch.Tensor  # [K, N, Hq, D] attention output (acc dtype)
     flagged: torch.Tensor  # [G] long: rows the guard sent to direct attention
-    guard: torch.Tensor  # [] number of those rows
+    guard: torch.Tensor  # [K] number of those rows per branch
     corrected: int
 
 
@@ -184,8 +184,8 @@ def folded_layer(
     h: torch.Tensor,  # [K*N, E] layer input (model dtype)
     plan: FoldPlan,
     ctx: LayerContext,
-    prefix_k: torch.Tensor | None,  # [Hkv, P, D]
-    prefix_v: torch.Tensor | None,  # [Hkv, P, D]
+    prefix_k: torch.Tensor | None,  # [Hkv, P, D], or [R, Hkv, P, D] per request (see LayerContext)
+    prefix_v: torch.Tensor | None,  # same layout as prefix_k
     cfg: FoldConfig,
     trace: bool = False,
     cost: LayerCost | None = None,
@@ -202,7 +202,7 @@ def folded_layer(
     mode = cfg.attention
     if cost is not None:
         options = ("direct", "correct") if mode == "auto" else (mode,)
-        prefix = 0 if prefix_k is None else prefix_k.shape[1]
+        prefix = 0 if prefix_k is None else prefix_k.shape[-2]
         mode = cost.attention_plan(m, n, prefix, r, c, options + (("dense",) if cfg.dense_fallback else ()))
     elif mode == "auto":  # no cost rule: Eq. 8
         mode = "correct"
@@ -214,8 +214,9 @@ def folded_layer(
         att = _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, cfg.guard)
     h2, f_tab, ffn_recompute = _ffn_step(layer, att.h1, plan, ctx, cfg, cost)
     counts = LayerCounts(
-        folded=(~plan.recompute).sum(dim=1), ffn_folded=(~ffn_recompute).sum(), guard=att.guard,
-        recomputed=torch.tensor(plan.rows.numel()), corrected=torch.tensor(att.corrected),
+        folded=(~plan.recompute).sum(dim=1), ffn_folded=(~ffn_recompute).sum(dim=1),
+        guard=torch.bincount(att.flagged // n, minlength=k), recomputed=plan.recompute.sum(dim=1),
+        corrected=torch.bincount(plan.corrected // n, minlength=k) if att.corrected else torch.zeros_like(att.guard),
         dense=plan.rows.numel() == m,
     )
     info = None
@@ -239,11 +240,18 @@ def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
         with part("packing"):
             q_tab, k_tab, v_tab = q[plan.table], kk[plan.table], vv[plan.table]
     with part("attention"):
-        state = attend(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale)
+        if prefix_k is not None and prefix_k.dim() == 4:  # several requests, each over its own prefix
+            s = prefix_k.shape[0]
+            live = ctx.prefix_len if ctx.prefix_len is not None else torch.full((s,), prefix_k.shape[2])
+            o = attend_ragged(q_tab.view(s, k // s, n, *q.shape[1:]), prefix_k, prefix_v, live.to(h.device).long(),
+                              k_tab.view(s, k // s, n, *kk.shape[1:]), v_tab.view(s, k // s, n, *kk.shape[1:]),
+                              None, ctx.scale).view(k, n, *q.shape[1:])
+        else:
+            o = attend(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale).o
     with part("o_proj"):
-        h1 = h + layer.attn_out(state.o.to(h.dtype).reshape(k * n, *q.shape[1:]))
-    zero = torch.zeros((), dtype=torch.long, device=h.device)
-    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=state.o, flagged=zero[None][:0], guard=zero, corrected=0)
+        h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, *q.shape[1:]))
+    zero = torch.zeros(k, dtype=torch.long, device=h.device)
+    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=o, flagged=zero[:0], guard=zero, corrected=0)
 
 
 def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) -> _Attention:
@@ -256,7 +264,7 @@ def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) 
     with part("packing"):
         k_tab, v_tab = kk[table], vv[table]  # [K, N, Hkv, D] each branch's block K/V
     with part("attention"):
-        state = attend_rows(q, rows, prefix_k, prefix_v, k_tab, v_tab, ctx.scale)
+        state = attend_rows(q, rows, prefix_k, prefix_v, k_tab, v_tab, ctx.scale, ctx.prefix_len)
     with part("correction"):
         src_slot = table.reshape(-1)[corrected]  # [C] pool row of each corrected row's source
         q_c = q[src_slot]
@@ -268,7 +276,7 @@ def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) 
         hit = fix.flagged.nonzero().squeeze(1)  # [G] guard fallbacks, recomputed by direct attention
         flagged = corrected[hit]
         if hit.numel():
-            direct = attend_rows(q_c[hit], flagged, prefix_k, prefix_v, k_tab, v_tab, ctx.scale)
+            direct = attend_rows(q_c[hit], flagged, prefix_k, prefix_v, k_tab, v_tab, ctx.scale, ctx.prefix_len)
             o_c = o_c.index_copy(0, hit, direct.o)
         o_all = torch.cat([state.o, o_c])  # [R + C, Hq, D]
     with part("o_proj"):
@@ -276,8 +284,8 @@ def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) 
     with part("packing"):
         h1 = h + attn[plan.out_index]
         o_tab = o_all[plan.out_index].view(k, n, *state.o.shape[1:])
-    return _Attention(h1=h1, q=q[table], k=k_tab, v=v_tab, o=o_tab, flagged=flagged, guard=fix.flagged.sum(),
-                      corrected=corrected.numel())
+    return _Attention(h1=h1, q=q[table], k=k_tab, v=v_tab, o=o_tab, flagged=flagged,
+                      guard=torch.bincount(flagged // n, minlength=k), corrected=corrected.numel())
 
 
 def _ffn_step(
@@ -365,28 +373,65 @@ class FoldedVerifier:
         """The pass; with ``trace`` also every layer's tables (:class:`LayerTrace`)."""
         net = self.net
         k, n = states.shape
-        if self.cfg.backend == "triton":  # no host read here: validated with the statistics, after the LM head
-            raw = parents.to(device=net.device, dtype=torch.long, non_blocking=True)
-            par, parent_list = _safe_parents(raw), None
-        else:
-            parent_list = [int(p) for p in parents.tolist()]
-            _check_parents(parent_list)
-            par = torch.as_tensor(parent_list, dtype=torch.long, device=net.device)
+        par, checked = self._parents(parents[None])
         cos, sin, qscale = net.rope_tables(cache.length, n)
-        ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par)
+        ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par.reshape(-1))
         prefixes = [cache.layer(i) for i in range(len(net.layers))]
         logits, counts, out = self.forward(states, ctx, prefixes, trace)
-        return VerifyResult(logits, fold_stats(counts, raw if parent_list is None else parent_list, n)), out
+        return VerifyResult(logits, fold_stats_batch(counts, checked, n, [k])[0]), out
+
+    @torch.no_grad()
+    def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult:
+        """One folded pass over every request's branches: one graph of ``R·K`` branches with a root per request
+        (parents never cross requests), each request over its own prefix. Padding rows copy their request's main
+        row with parent 0, so they fold at every layer (ρ = 0 ≤ δ) and cost the gate only; their logits are not
+        computed. A request's tokens do not depend on its neighbours except through the cost rule's per-layer dense
+        fallback, which is decided for the whole pass."""
+        net = self.net
+        r, kb, n = batch.states.shape
+        dev = net.device
+        local, checked = self._parents(batch.parents)
+        offsets = torch.arange(r, device=dev)[:, None] * kb
+        par = torch.where(local >= 0, local + offsets, -1).reshape(-1)  # [R*K] one root per request
+        lengths = batch.lengths.to(dev)
+        positions = lengths[:, None] + torch.arange(n, device=dev)  # [R, N]
+        cos, sin, qscale = net.rotary.tables(positions[:, None].expand(r, kb, n).reshape(-1), net.dtype)
+        ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par,
+                           prefix_len=lengths.to(torch.int32))
+        p_max = int(batch.lengths.max())  # NOTE: host-side lengths (the batch decoder's), read before the layers
+        slots = batch.slots.to(dev)
+        # BatchDecoder keeps its requests in slots 0..R-1, so the prefix is a view; otherwise it is gathered.
+        rows = slice(0, r) if slots.tolist() == list(range(r)) else slots
+        prefixes = [(batch.cache.k[i, rows, :, :p_max], batch.cache.v[i, rows, :, :p_max])
+                    for i in range(len(net.layers))]
+        keep = torch.tensor([q * kb + j for q, kr in enumerate(batch.branches) for j in range(kr)], device=dev)
+        logits, counts, _ = self.forward(batch.states.reshape(r * kb, n), ctx, prefixes, head_rows=keep)
+        per_request = list(torch.split(logits, batch.branches))
+        return BatchVerifyResult(per_request, fold_stats_batch(counts, checked, n, batch.branches))
+
+    def _parents(self, parents: torch.Tensor) -> tuple[torch.Tensor, list[list[int]] | torch.Tensor]:
+        """Local parents ``[R, K]`` on the device, made safe, and what :func:`fold_stats_batch` validates: host lists
+        (torch backend, checked now) or the raw device tensor (triton: read with the statistics, no sync here)."""
+        net = self.net
+        if self.cfg.backend == "triton":
+            raw = parents.to(device=net.device, dtype=torch.long, non_blocking=True)
+            return _safe_parents(raw), raw
+        rows = [[int(p) for p in row] for row in parents.tolist()]
+        for row in rows:
+            _check_parents(row)
+        return torch.as_tensor(rows, dtype=torch.long, device=net.device), rows
 
     def forward(
         self,
         states: torch.Tensor,  # [K, N]
         ctx: LayerContext,
-        prefixes: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k [Hkv, P, D], v [Hkv, P, D])
+        prefixes: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k [Hkv, P, D] or [R, Hkv, P, D], v alike)
         trace: bool = False,
+        head_rows: torch.Tensor | None = None,  # [K'] long: branches whose logits are computed (default: all)
     ) -> tuple[torch.Tensor, list[LayerCounts], FoldTrace | None]:
-        """Embedding, the folded layers and the LM head: logits ``[K, N, V]`` and the per-layer counts (device
-        tensors). With the triton backend this issues no host sync (what :mod:`specfold.engine.graphs` captures)."""
+        """Embedding, the folded layers and the LM head: logits ``[K, N, V]`` (``[K', N, V]``) and the per-layer
+        counts (device tensors). With the triton backend this issues no host sync (what
+        :mod:`specfold.engine.graphs` captures)."""
         net = self.net
         k, n = states.shape
         h = torch.nn.functional.embedding(states.reshape(-1).to(net.device), net.embed)  # [K*N, E]
@@ -403,7 +448,8 @@ class FoldedVerifier:
             if out is not None:
                 out.layers.append(info)
         with part("head"):
-            logits = net.position_logits(net.logits(h).view(k, n, -1))
+            h = h.view(k, n, -1)
+            logits = net.position_logits(net.logits(h if head_rows is None else h[head_rows]))
         return logits, counts, out
 
 
@@ -412,47 +458,72 @@ def _check_parents(parents: list[int]) -> None:
         raise ValueError(f"parents must be -1 for row 0 and in [0, k) for row k; got {parents}")
 
 
-def _safe_parents(par: torch.Tensor) -> torch.Tensor:  # [K] long on the model's device
+def _safe_parents(par: torch.Tensor) -> torch.Tensor:  # [..., K] long on the model's device, local per request
     """``par`` with every invalid entry replaced by a safe one (-1 for row 0, 0 for the others), without a host
     read: no kernel reads out of bounds, and :func:`fold_stats` raises once it reads the original ``par``."""
-    idx = torch.arange(par.shape[0], device=par.device)
+    idx = torch.arange(par.shape[-1], device=par.device)
     ok = torch.where(idx == 0, par == -1, (par >= 0) & (par < idx))
     return torch.where(ok, par, torch.where(idx == 0, -1, 0))
 
 
 def fold_stats(counts: list[LayerCounts], parents: list[int] | torch.Tensor, n: int) -> dict[str, float]:
-    """Counts of (branch ≥ 1, position, layer) triples, summed by layer and by graph depth (one device sync).
+    """:func:`fold_stats_batch` of a one-request pass (``parents [K]``)."""
+    rows = [parents] if isinstance(parents, list) else parents[None]
+    return fold_stats_batch(counts, rows, n, [counts[0].folded.shape[0]])[0]
+
+
+def fold_stats_batch(
+    counts: list[LayerCounts],
+    parents: list[list[int]] | torch.Tensor,  # [R][K] local parents, or the pass's [R, K] device tensor
+    n: int,
+    branches: list[int],  # [R] real branches per request (the rest of its K rows are padding)
+) -> list[dict[str, float]]:
+    """Per request: counts of (branch ≥ 1, position, layer) triples over its real branches, summed by layer and
+    by graph depth (one device sync for the whole batch).
 
     ``folded_triples`` are folded at the attention gate (inherited Q/K/V), ``ffn_folded_triples`` at the FFN gate
-    (inherited FFN output); ``dense_layers`` ran densely by the cost rule. ``parents`` given as the pass's device
+    (inherited FFN output); ``dense_layers`` computed every row of the request (the cost rule's dense fallback, or
+    nothing folded). ``parents`` given as the pass's device
     tensor (the triton backend, see :func:`_safe_parents`) are read in the same host read as the counts — the
     pass's only one — and validated then."""
-    k = counts[0].folded.shape[0]
-    rows = torch.stack([torch.cat([c.folded.long(), torch.stack([c.ffn_folded, c.guard, c.recomputed,
-                                                                  c.corrected]).long()]) for c in counts])  # [L, K+4]
+    layers = len(counts)
+    table = torch.stack([torch.stack([c.folded, c.ffn_folded, c.guard, c.recomputed, c.corrected]).long()
+                         for c in counts])  # [L, 5, R*K]
     if isinstance(parents, torch.Tensor):
-        flat = torch.cat([rows.reshape(-1), parents.to(rows.device, torch.long)]).tolist()  # the one host read
-        per_layer = [flat[i * (k + 4):(i + 1) * (k + 4)] for i in range(len(counts))]
-        parents = [int(p) for p in flat[len(counts) * (k + 4):]]
-        _check_parents(parents)
+        flat = torch.cat([table.reshape(-1), parents.reshape(-1).to(table.device, torch.long)]).tolist()  # one read
+        total = table.numel()
+        kb = parents.shape[-1]
+        parents = [[int(p) for p in flat[total + q * kb: total + (q + 1) * kb]] for q in range(len(branches))]
+        width = table.shape[2]
+        values = [[flat[(layer * 5 + f) * width:(layer * 5 + f + 1) * width] for f in range(5)]
+                  for layer in range(layers)]
     else:
-        per_layer = rows.tolist()  # [L][K + 4]
-    depth = branch_depths(parents)
-    stats: dict[str, float] = {"rows": float(k * n), "draft_triples": float((k - 1) * n * len(counts))}
-    totals = {"folded_triples": 0.0, "ffn_folded_triples": 0.0, "guard_fallbacks": 0.0, "corrected_rows": 0.0}
-    for layer, row in enumerate(per_layer):
-        per_branch, (ffn_folded, guards, recomputed, corrected) = row[:k], row[k:]
-        stats[f"folded_l{layer}"] = float(sum(per_branch))
-        stats[f"draft_l{layer}"] = float((k - 1) * n)
-        stats[f"recomputed_rows_l{layer}"] = float(recomputed)
-        for b in range(1, k):
-            stats[f"folded_d{depth[b]}"] = stats.get(f"folded_d{depth[b]}", 0.0) + per_branch[b]
-            stats[f"draft_d{depth[b]}"] = stats.get(f"draft_d{depth[b]}", 0.0) + n
-        totals["folded_triples"] += sum(per_branch)
-        totals["ffn_folded_triples"] += ffn_folded
-        totals["guard_fallbacks"] += guards
-        totals["corrected_rows"] += corrected
-    stats.update({key: float(v) for key, v in totals.items()})
-    stats["dense_layers"] = float(sum(c.dense for c in counts))
-    stats["layers"] = float(len(counts))
-    return stats
+        values = table.tolist()  # [L][5][R*K]
+    kb = table.shape[2] // len(branches)
+    out = []
+    for q, kr in enumerate(branches):
+        local = parents[q][:kr]
+        _check_parents(local)
+        depth = branch_depths(local)
+        lo = q * kb
+        stats: dict[str, float] = {"rows": float(kr * n), "draft_triples": float((kr - 1) * n * layers)}
+        totals = {"folded_triples": 0.0, "ffn_folded_triples": 0.0, "guard_fallbacks": 0.0, "corrected_rows": 0.0}
+        dense_layers = 0
+        for layer, (folded, ffn_folded, guards, recomputed, corrected) in enumerate(values):
+            per_branch = folded[lo:lo + kr]
+            stats[f"folded_l{layer}"] = float(sum(per_branch))
+            stats[f"draft_l{layer}"] = float((kr - 1) * n)
+            stats[f"recomputed_rows_l{layer}"] = float(sum(recomputed[lo:lo + kr]))
+            dense_layers += sum(recomputed[lo:lo + kr]) == kr * n  # every row of the request computed
+            for b in range(1, kr):
+                stats[f"folded_d{depth[b]}"] = stats.get(f"folded_d{depth[b]}", 0.0) + per_branch[b]
+                stats[f"draft_d{depth[b]}"] = stats.get(f"draft_d{depth[b]}", 0.0) + n
+            totals["folded_triples"] += sum(per_branch)
+            totals["ffn_folded_triples"] += sum(ffn_folded[lo:lo + kr])
+            totals["guard_fallbacks"] += sum(guards[lo:lo + kr])
+            totals["corrected_rows"] += sum(corrected[lo:lo + kr])
+        stats.update({key: float(v) for key, v in totals.items()})
+        stats["dense_layers"] = float(dense_layers)
+        stats["layers"] = float(layers)
+        out.append(stats)
+    return out

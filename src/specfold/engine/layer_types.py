@@ -57,24 +57,32 @@ class FoldConfig:
 
 @dataclass
 class LayerContext:
-    """What every layer step of one pass shares: RoPE tables of the block positions, the score scale, the graph."""
+    """What every layer step of one pass shares: RoPE tables of the block positions, the score scale, the graph.
 
-    cos: torch.Tensor  # [N, D]
-    sin: torch.Tensor  # [N, D]
-    qscale: torch.Tensor | None  # [N]
+    One request: ``cos``/``sin`` ``[N, D]`` (every branch at the same positions), the prefix ``[Hkv, P, D]``.
+    Several requests (:meth:`FoldedVerifier.verify_batch`): ``R`` requests of ``K / R`` branches each, one table
+    row per (branch, position) ``[K*N, D]``, the prefix ``[R, Hkv, P, D]`` padded past each request's
+    ``prefix_len [R]``; the graph has one root per request. ``prefix_len [1]`` with a ``[Hkv, P, D]`` prefix is a
+    CUDA-graph bucket (keys past it unused)."""
+
+    cos: torch.Tensor  # [N, D] or [K*N, D]
+    sin: torch.Tensor  # [N, D] or [K*N, D]
+    qscale: torch.Tensor | None  # [N] or [K*N]
     scale: float
     parents: torch.Tensor  # [K] long, -1 for a root (a main branch)
+    prefix_len: torch.Tensor | None = None  # [R] int32: live prefix keys per request (None: the whole view)
 
 
 @dataclass
 class LayerCounts:
-    """One layer's statistics, as tensors (no device sync in the layer loop; :func:`fold_stats` reads them once)."""
+    """One layer's statistics per branch, as tensors (no device sync in the layer loop; :func:`fold_stats` reads
+    them once and sums them per request)."""
 
-    folded: torch.Tensor  # [K] positions folded at the layer input, per branch
-    ffn_folded: torch.Tensor  # [] rows that reused an ancestor's FFN output
-    guard: torch.Tensor  # [] guard fallbacks
-    recomputed: torch.Tensor  # [] rows whose Q/K/V were computed
-    corrected: torch.Tensor  # [] folded rows whose attention Eq. 8 corrected
+    folded: torch.Tensor  # [K] positions folded at the layer input
+    ffn_folded: torch.Tensor  # [K] positions that reused an ancestor's FFN output
+    guard: torch.Tensor  # [K] guard fallbacks
+    recomputed: torch.Tensor  # [K] positions whose Q/K/V were computed
+    corrected: torch.Tensor  # [K] folded positions whose attention Eq. 8 corrected
     dense: bool = False  # the layer ran densely (cost rule or no fold)
 
 

@@ -70,8 +70,8 @@ def gate_compact_ref(
 ) -> GateCompact:
     k, n, _ = h.shape
     rho = gate.relative_residual(h, parents)
-    folded = gate.fold_mask(rho, delta) if fold is None else fold.clone()
-    folded[0] = False
+    folded = gate.fold_mask(rho, delta, parents) if fold is None else fold.clone()
+    folded &= (parents >= 0).to(h.device)[:, None]  # a root (a request's main branch) never folds
     rec = ~folded
     flat = rec.reshape(-1)
     slot = torch.where(rec, (torch.cumsum(flat, 0) - 1).view(k, n), -1).to(torch.int32)
@@ -129,7 +129,7 @@ def attend_rows_ref(
     qrow: torch.Tensor,  # [K, N] int
     lists: torch.Tensor,  # [K, N] int
     counts: torch.Tensor,  # [K] int
-    prefix_k: torch.Tensor | None,  # [Hkv, P, D] or a [K, Hkv, P, D] broadcast view of one shared prefix
+    prefix_k: torch.Tensor | None,  # [Hkv, P, D] or [S, Hkv, P, D] (S requests of K/S branches)
     prefix_v: torch.Tensor | None,
     pool_k: torch.Tensor,  # [Rk, Hkv, D]
     pool_v: torch.Tensor,  # [Rk, Hkv, D]
@@ -137,19 +137,22 @@ def attend_rows_ref(
     scale: float,
     orow: torch.Tensor,  # [K, N] int
     out_rows: int,
-    prefix_len: torch.Tensor | None = None,  # [1] int: live keys of the prefix view
+    prefix_len: torch.Tensor | None = None,  # [1] or [S] int: live keys of each request's prefix view
 ) -> AttnState:
     k, n = table.shape
-    if prefix_len is not None and prefix_k is not None:
-        live = int(prefix_len)
+    if prefix_k is not None and prefix_k.dim() == 4 and prefix_k.stride(0) == 0:  # one prefix, broadcast
+        prefix_k, prefix_v = prefix_k[0], prefix_v[0]
+    if prefix_len is not None and prefix_k is not None and prefix_k.dim() == 3:
+        live = int(prefix_len[0])
         prefix_k, prefix_v = prefix_k[..., :live, :], prefix_v[..., :live, :]
+    elif prefix_len is not None and prefix_k is not None:
+        prefix_len = prefix_len.long().expand(prefix_k.shape[0])
     listed = torch.arange(n, device=q.device)[None, :] < counts[:, None].long()
     rows = ((torch.arange(k, device=q.device)[:, None] * n + lists.long().clamp(min=0))[listed])  # [R']
-    if prefix_k is not None and prefix_k.dim() == 4:
-        prefix_k, prefix_v = prefix_k[0], prefix_v[0]
     table = table.long()
     st = attention_rows.attend_rows(q[qrow.reshape(-1)[rows].long()], rows, prefix_k, prefix_v, pool_k[table],
-                                    pool_v[table], scale)
+                                    pool_v[table], scale, prefix_len if prefix_k is not None and prefix_k.dim() == 4
+                                    else None)
     dest = orow.reshape(-1)[rows].long()
     hq, d = q.shape[1:]
     m = st.m.new_zeros(out_rows, hq).index_copy_(0, dest, st.m)

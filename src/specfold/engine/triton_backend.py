@@ -28,7 +28,7 @@ pass in a CUDA graph, passing the prefix length as a device tensor (:class:`Grap
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -44,12 +44,9 @@ from specfold.engine.reference import GUARDED
 from specfold.model.transformer import Layer
 
 
-@dataclass
-class GraphContext(LayerContext):
-    """A :class:`LayerContext` whose prefix views may be longer than the live prefix: ``prefix_len [1]`` int32 on
-    the device says how many keys are live (one captured graph per prefix-length bucket)."""
-
-    prefix_len: torch.Tensor | None = field(default=None)  # [1] int32
+# A LayerContext whose prefix view may be longer than the live prefix: ``prefix_len [1]`` int32 on the device
+# says how many keys are live (one captured graph per prefix-length bucket).
+GraphContext = LayerContext
 
 
 @dataclass
@@ -101,8 +98,8 @@ def folded_layer_triton(
     h: torch.Tensor,  # [K*N, E] layer input (model dtype)
     plan: TritonPlan,
     ctx: LayerContext,
-    prefix_k: torch.Tensor | None,  # [Hkv, P, D]
-    prefix_v: torch.Tensor | None,  # [Hkv, P, D]
+    prefix_k: torch.Tensor | None,  # [Hkv, P, D], or [R, Hkv, P, D] per request (see LayerContext)
+    prefix_v: torch.Tensor | None,  # same layout as prefix_k
     cfg: FoldConfig,
     trace: bool = False,
     cost: LayerCost | None = None,
@@ -113,7 +110,7 @@ def folded_layer_triton(
     k, n = plan.recompute.shape
     m, e, dev = k * n, h.shape[1], h.device
     table, flat_table = plan.table, plan.table.reshape(-1)
-    plen = getattr(ctx, "prefix_len", None)
+    plen = ctx.prefix_len
     q, kk, vv = qkv_rope(h, plan.rows, layer.input_norm, layer.eps, layer.wqkv, layer.bqkv, ctx.cos, ctx.sin,
                          ctx.qscale, layer.hq, layer.hkv, count=plan.count)  # pools [M, ...], first R live
     state = attend_rows(q, table, plan.lists, plan.counts, prefix_k, prefix_v, kk, vv, table, ctx.scale, table, m,
@@ -149,8 +146,9 @@ def folded_layer_triton(
     h2 = h1 + f_tab
 
     counts = LayerCounts(
-        folded=(~plan.recompute).sum(dim=1), ffn_folded=(~fplan.recompute).sum(), guard=guarded.sum(),
-        recomputed=plan.count[0].long(), corrected=corrected.sum(),
+        folded=(~plan.recompute).sum(dim=1), ffn_folded=(~fplan.recompute).sum(dim=1),
+        guard=guarded.view(k, n).sum(dim=1), recomputed=plan.recompute.sum(dim=1),
+        corrected=corrected.view(k, n).sum(dim=1),
     )
     info = None
     if trace:

@@ -188,34 +188,53 @@ class DLLM(nn.Module):
         mask: str = "bidirectional",
         write_cache: bool = False,
         logit_rows: slice | None = None,
+        valid: torch.Tensor | None = None,  # [R, K] bool: branch blocks to compute (the rest are padding)
     ) -> torch.Tensor:
         """Dense forward of ``R`` requests' branch blocks, each at positions ``lengths[r] ..`` over its request's
         prefix. Returns raw logits ``[R, K, T, V]`` (``[R, T, V]`` for 2-D tokens; ``T'`` rows with
         ``logit_rows``). With ``write_cache`` (one branch each) each block's K/V is stored past its request's
-        length (the caller advances the lengths)."""
+        length (the caller advances the lengths).
+
+        With ``valid`` only the valid blocks go through the GEMMs and the LM head (requests with fewer branches
+        than ``K`` pay nothing for their padding but attention scores): logits ``[B', T, V]`` of the valid blocks
+        in (request, branch) order."""
         flat = tokens.dim() == 2
         if flat:
             tokens = tokens[:, None]
         r, k, t = tokens.shape
-        if write_cache and k != 1:
+        if write_cache and (k != 1 or valid is not None):
             raise ValueError("write_cache needs exactly one branch per request")
+        p_max = int(lengths.max())  # NOTE: host reads (free for the batch decoder's host tensors)
+        in_order = slots.tolist() == list(range(r))
+        slots, lengths = slots.to(self.device), lengths.to(self.device)
         positions = lengths[:, None] + torch.arange(t, device=self.device)  # [R, T]
-        cos, sin, qscale = self.rotary.tables(positions[:, None].expand(r, k, t).reshape(-1), self.dtype)
+        block_pos = positions[:, None].expand(r, k, t).reshape(r * k, t)
+        keep = None if valid is None else valid.reshape(-1).nonzero().squeeze(1)  # [B'] computed blocks
+        if keep is not None:
+            tokens, block_pos = tokens.reshape(r * k, t)[keep], block_pos[keep]
+        cos, sin, qscale = self.rotary.tables(block_pos.reshape(-1), self.dtype)
         bias = block_bias(mask, t, self.cfg.block_size, self.dtype, self.device)
-        p_max = int(lengths.max())
-        # Slots 0..R-1 in order (the usual full batch) are read as a view; otherwise the rows are gathered.
-        rows = slice(0, r) if bool((slots == torch.arange(r, device=slots.device)).all()) else slots
-        h = F.embedding(tokens, self.embed).reshape(r * k * t, -1)  # [R*K*T, E]
+        # Slots 0..R-1 in order (the batch decoder keeps them so) are read as a view; otherwise they are gathered.
+        rows = slice(0, r) if in_order else slots
+        h = F.embedding(tokens, self.embed).reshape(-1, self.cfg.hidden_size)  # [R*K*T, E] (or [B'*T, E])
         for i, layer in enumerate(self.layers):
             q, kk, v = layer.qkv(h, cos, sin, qscale)
+            if keep is not None:  # padding blocks: zero queries and keys, their outputs dropped below
+                q, kk, v = (x.new_zeros(r * k, t, *x.shape[1:]).index_copy_(0, keep, x.view(-1, t, *x.shape[1:]))
+                            for x in (q, kk, v))
             kk, v = kk.view(r, k, t, layer.hkv, layer.d), v.view(r, k, t, layer.hkv, layer.d)
             pk = cache.k[i, rows, :, :p_max]  # [R, Hkv, P, D]
             pv = cache.v[i, rows, :, :p_max]
             o = attend_ragged(q.view(r, k, t, layer.hq, layer.d), pk, pv, lengths, kk, v, bias, self.scale)
             if write_cache:
                 cache.write(i, slots, positions, kk[:, 0], v[:, 0])
-            h = h + layer.attn_out(o.to(h.dtype).reshape(r * k * t, layer.hq, layer.d))
+            if keep is not None:
+                o = o.view(r * k, t, layer.hq, layer.d)[keep]
+            h = h + layer.attn_out(o.to(h.dtype).reshape(-1, layer.hq, layer.d))
             h = h + layer.ffn(h)
+        if keep is not None:
+            h = h.view(-1, t, self.cfg.hidden_size)
+            return self.logits(h if logit_rows is None else h[:, logit_rows])
         h = h.view(r, k, t, -1)
         out = self.logits(h if logit_rows is None else h[:, :, logit_rows])
         return out[:, 0] if flat else out

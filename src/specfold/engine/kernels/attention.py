@@ -58,7 +58,7 @@ def _attend_rows_kernel(
     q_ptr, qrow_ptr, list_ptr, cnt_ptr, orow_ptr, table_ptr, plen_ptr,
     pk_ptr, pv_ptr, kp_ptr, vp_ptr,
     m_ptr, z_ptr, o_ptr,
-    N, P, scale,
+    N, P, KPR, PLEN_STRIDE, scale,
     stride_qr, stride_qh,
     stride_pkb, stride_pkh, stride_pkp, stride_pvb, stride_pvh, stride_pvp,
     stride_kr, stride_kh, stride_vr, stride_vh,
@@ -89,10 +89,11 @@ def _attend_rows_kernel(
     acc = tl.zeros([BLOCK_M * G_P, D_P], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     if HAS_PREFIX:
-        if HAS_PLEN:  # a device-side prefix length inside a longer view (CUDA graphs replay one bucket)
-            P = tl.minimum(tl.load(plen_ptr), P)
-        pk = pk_ptr + i.to(tl.int64) * stride_pkb + hk * stride_pkh
-        pv = pv_ptr + i.to(tl.int64) * stride_pvb + hk * stride_pvh
+        req = i // KPR  # the request whose prefix branch i reads
+        if HAS_PLEN:  # a device-side prefix length inside a longer view (per request; a CUDA-graph bucket)
+            P = tl.minimum(tl.load(plen_ptr + req * PLEN_STRIDE), P)
+        pk = pk_ptr + req.to(tl.int64) * stride_pkb + hk * stride_pkh
+        pv = pv_ptr + req.to(tl.int64) * stride_pvb + hk * stride_pvh
         for p0 in range(0, P, BLOCK_N):
             kp = p0 + offs_n
             km = kp < P
@@ -125,7 +126,7 @@ def attend_rows(
     qrow: torch.Tensor,  # [K, N] int: query pool row of (branch, position)
     lists: torch.Tensor,  # [K, N] int: positions to compute per branch; first counts[i] valid, any order
     counts: torch.Tensor,  # [K] int
-    prefix_k: torch.Tensor | None,  # [Hkv, P, D] or zero-copy [K, Hkv, P, D] view; None when P = 0
+    prefix_k: torch.Tensor | None,  # [Hkv, P, D], [S, Hkv, P, D] (S requests of K/S branches); None when P = 0
     prefix_v: torch.Tensor | None,  # same layout as prefix_k
     pool_k: torch.Tensor,  # [Rk, Hkv, D] block key pool
     pool_v: torch.Tensor,  # [Rk, Hkv, D]
@@ -133,12 +134,14 @@ def attend_rows(
     scale: float,
     orow: torch.Tensor,  # [K, N] int: output row of (branch, position)
     out_rows: int,
-    prefix_len: torch.Tensor | None = None,  # [1] int32 on the device: keys past it in the prefix view are unused
+    prefix_len: torch.Tensor | None = None,  # [S] int32 on the device: live keys of each request's prefix view
 ) -> AttnState:
     """Streaming attention of the listed rows. Returns ``m, z [out_rows, Hq]`` and ``o [out_rows, Hq, D]`` in fp32;
     output rows that no listed row names are left uninitialised. Programs whose row block lies past their branch's
     count exit at once, so a launch over lists with zero counts costs no arithmetic. ``prefix_len`` (at most the
-    view's ``P``) lets one launch — one CUDA graph — serve every prefix length up to ``P``."""
+    view's ``P``) lets one launch — one CUDA graph — serve every prefix length up to ``P``, and requests of
+    different prefix lengths share one padded ``[S, Hkv, P, D]`` view (branch ``i`` reads request ``i // (K/S)``;
+    ``S = K`` is the zero-copy broadcast of one prefix)."""
     check_tensor("q", q, 3, SUPPORTED_DTYPES)
     check_inner_contiguous("q", q)
     _, hq, d = q.shape
@@ -162,13 +165,15 @@ def attend_rows(
         check(prefix_k.dim() in (3, 4), f"prefix must be [Hkv, P, D] or [K, Hkv, P, D], got {tuple(prefix_k.shape)}")
         check(tuple(prefix_k.shape[-3:-2]) == (hkv,) and prefix_k.shape[-1] == d,
               f"prefix must have {hkv} kv heads and head dim {d}, got {tuple(prefix_k.shape)}")
-        check(prefix_k.dim() == 3 or prefix_k.shape[0] == k, f"a 4-dim prefix must have {k} branches")
+        check(prefix_k.dim() == 3 or (prefix_k.shape[0] > 0 and k % prefix_k.shape[0] == 0),
+              f"a 4-dim prefix needs a number of requests that divides the {k} branches, got {prefix_k.shape[0]}")
         check_inner_contiguous("prefix_k", prefix_k)
         check_inner_contiguous("prefix_v", prefix_v)
         check(prefix_k.dtype == q.dtype and prefix_v.dtype == q.dtype, "prefix must have the query dtype")
+    reqs = prefix_k.shape[0] if has_prefix and prefix_k.dim() == 4 else 1
     if prefix_len is not None:
         check_tensor("prefix_len", prefix_len, 1, (torch.int32,))
-        check(prefix_len.shape[0] == 1, f"prefix_len must be [1], got {tuple(prefix_len.shape)}")
+        check(prefix_len.shape[0] in (1, reqs), f"prefix_len must be [1] or [{reqs}], got {tuple(prefix_len.shape)}")
     check_device(q, qrow, lists, counts, pool_k, pool_v, table, orow, prefix_k if has_prefix else None, prefix_len)
 
     def strides(t: torch.Tensor | None) -> tuple[int, int, int]:
@@ -191,7 +196,8 @@ def attend_rows(
     _attend_rows_kernel[(k, triton.cdiv(n, block_m), hkv)](
         q, qrow.contiguous(), lists.contiguous(), counts.contiguous(), orow.contiguous(), table.contiguous(),
         prefix_len if prefix_len is not None else counts, pk, pv, pool_k, pool_v, m, z, o,
-        n, plen, float(scale), q.stride(0), q.stride(1),
+        n, plen, k // reqs, 0 if prefix_len is None or prefix_len.shape[0] == 1 else 1, float(scale), q.stride(0),
+        q.stride(1),
         *strides(prefix_k if has_prefix else None), *strides(prefix_v if has_prefix else None),
         pool_k.stride(0), pool_k.stride(1), pool_v.stride(0), pool_v.stride(1),
         HQ=hq, G=g, G_P=g_p, D=d, D_P=pow2(d, 16), BLOCK_M=block_m, BLOCK_N=block_n,

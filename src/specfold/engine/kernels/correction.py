@@ -50,7 +50,7 @@ def _correct_folded_kernel(
     N_P: tl.constexpr, BLOCK_R: tl.constexpr, NATIVE: tl.constexpr,
 ):
     i = tl.program_id(0)
-    if i == 0:  # the main branch never folds
+    if tl.load(par_ptr + i) < 0:  # a main branch (a root) never folds
         return
     idx = tl.arange(0, BLOCK_R * G_P)  # tile row = (position, group head)
     n = tl.program_id(1) * BLOCK_R + idx // G_P
@@ -93,8 +93,10 @@ def _correct_folded_kernel(
         # Walk the fold chain of i: every source is a strict ancestor, and the ancestor b's keys serve the tile
         # rows whose source is b (s_p = q·k_a[p] on Δ).
         b = i
-        while b != 0:
-            b = tl.maximum(tl.load(par_ptr + b), 0)
+        nb = tl.load(par_ptr + b)
+        while nb >= 0:  # up to the root (the main branch of i's request)
+            b = nb
+            nb = tl.load(par_ptr + b)
             tb = tl.load(table_ptr + b * N + offs_p, mask=mp, other=0).to(tl.int64)
             k_b = tl.load(kp_ptr + tb[None, :] * stride_kr + hk * stride_kh + offs_d[:, None],
                           mask=mp[None, :] & md[:, None], other=0.0)

@@ -61,12 +61,12 @@ def _gate_compact_kernel(
     # Eq. 4; a zero-norm parent folds only on an exact match (as in engine/gate.py)
     inf = float("inf")
     rho = tl.where(den_s == 0.0, tl.where(num_s == 0.0, 0.0, inf), num_s / tl.where(den_s == 0.0, 1.0, den_s))
-    rho = tl.where(i == 0, inf, rho)
+    rho = tl.where(par < 0, inf, rho)  # a root: a request's main branch
     if HAS_FOLD:
         folded = tl.load(fold_ptr + flat, mask=mn, other=0) != 0
     else:
         folded = rho <= delta  # Eq. 5
-    folded = folded & (i > 0)
+    folded = folded & (par >= 0)
     rec = (~folded) & mn
     tl.store(rho_ptr + flat, rho, mask=mn)
     tl.store(rec_ptr + flat, rec.to(tl.int8), mask=mn)
