@@ -43,7 +43,6 @@ from specfold.engine.layer_types import FoldConfig, LayerContext, LayerCounts, L
 from specfold.engine.reference import GUARDED
 from specfold.model.transformer import Layer
 
-
 # A LayerContext whose prefix view may be longer than the live prefix: ``prefix_len [1]`` int32 on the device
 # says how many keys are live (one captured graph per prefix-length bucket).
 GraphContext = LayerContext
