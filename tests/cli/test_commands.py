@@ -170,6 +170,44 @@ def test_train_runs_and_exports_a_loadable_model(capsys, tmp_path):
     assert model.tokenizer is not None and model.mask_id == model.tokenizer.convert_tokens_to_ids("|<MASK>|")
 
 
+def test_train_ctrl_c_saves_and_a_rerun_resumes(capsys, tmp_path):
+    """A real SIGINT to a real `specfold train` process: it ends after the step in flight with one line and status
+    130, the state is at the last logged step, and a rerun continues the log without a gap or a repeated step (that
+    the resumed steps are the uninterrupted run's is tests/train/test_train_loop.py's)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import specfold
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "--out", str(run_dir), "--tokenizer", str(EMBEDDED_DIR), "--steps", "1000", "--batch-size", "2",
+            "--hidden-size", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate-size", "64"]
+    env = {**os.environ, "PYTHONPATH": str(Path(specfold.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "specfold.cli", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = run_dir / "loss.jsonl"
+    deadline = time.monotonic() + 120
+    while (not log.is_file() or len(log.read_text().splitlines()) < 3) and proc.poll() is None:
+        assert time.monotonic() < deadline, "training never logged 3 steps"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and out == ""
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    stopped = steps[-1]
+    assert 3 <= stopped < 1000 and steps == list(range(1, stopped + 1))
+    assert err.splitlines()[-1] == (f"specfold: SIGINT after step {stopped} of 1000: state saved to "
+                                    f"{run_dir / 'state.pt'}; run the same command again to resume")
+    assert torch.load(run_dir / "state.pt", weights_only=False)["step"] == stopped
+    argv[argv.index("1000")] = str(stopped + 2)  # two more steps
+    out, _ = run(capsys, *argv)
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == stopped + 2
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, stopped + 3))
+
+
 COMMANDS = ["generate", "demo", "eval", "sweep", "plot", "analyze", "merge", "export-evalplus", "calibrate", "bench",
             "train", "init-random"]
 
