@@ -60,11 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    threads = None
-    if args.global_threads is not None:
-        import torch
+    import torch
 
-        threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # restored afterwards: in-process callers (tests) keep their setting
+    if args.global_threads is not None:
         torch.set_num_threads(args.global_threads)
     try:
         return func(args)
@@ -73,7 +72,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"specfold: error: {message}", file=sys.stderr)
         return 2
     finally:
-        if threads is not None:  # in-process callers (tests) get their setting back
-            import torch
-
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
