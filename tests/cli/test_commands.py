@@ -113,7 +113,7 @@ def test_demo_shows_each_domain_the_table_its_key_timing_and_conclusions(capsys,
         median, low, high = map(float, cols[2:5])
         assert low <= median <= high and f"{median:.1f}" == rows[task, label][3]
     # the conclusions are the run's numbers
-    shows = out[out.index("What this run shows:"):]
+    shows = " ".join(out[out.index("What this run shows:"):].split())  # the sentences, unwrapped
     pct = f"{100 * n_correct / 3:.1f}%"
     assert f"Accuracy over 3 problems: vanilla {pct}, spiffy {pct}, " in shows
     assert (f"spiffy gave vanilla's tokens on 3/3 problems (lossless); it needed "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from specfold.cli.common import (
     non_negative_float,
@@ -77,9 +78,12 @@ def conclusions(result) -> list[str]:
     spiffy = next((m for m in found.values() if m.method == "spiffy"), None)
     for m in found.values():
         if m.method == "specfold" and spiffy is not None and m.fold_ratio is not None:
+            cheaper = m.seconds_per_pass < spiffy.seconds_per_pass
             lines.append(f"{m.label} folded {100 * m.fold_ratio:.0f}% of the draft triples; its passes took "
                          f"{_x(m.seconds_per_pass, spiffy.seconds_per_pass)} as long as spiffy's, for "
-                         f"{_x(m.tokens_per_second.median, spiffy.tokens_per_second.median)} spiffy's tokens/s.")
+                         f"{_x(m.tokens_per_second.median, spiffy.tokens_per_second.median)} spiffy's tokens/s"
+                         + ("." if cheaper else ": on this model the bookkeeping of folding cost more than the rows "
+                            "it skipped."))
     slower = [m for m in found.values() if m is not base and m.tokens_per_second.median < base.tokens_per_second.median]
     if slower and all(m.seconds_per_pass > base.seconds_per_pass for m in slower):
         lines.append("Why slower: here a pass costs in proportion to the rows it computes (a CPU is compute-bound), "
@@ -148,5 +152,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {row:<{width}} {s.median:>8.1f} {s.low:>8.1f} {s.high:>8.1f} {100 * s.relative:>6.0f}%")
     print("\nWhat this run shows:")
     for line in conclusions(result):
-        print(f"  - {line}")
+        print(textwrap.fill(line, 116, initial_indent="  - ", subsequent_indent="    "))
     return 0
