@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +27,7 @@ __all__ = [
     "GenerationResult",
     "Method",
     "decode_config_for",
+    "encode_messages",
     "encode_prompt",
     "generate",
     "load_model",
@@ -34,6 +35,7 @@ __all__ = [
     "record_counts",
     "record_traces",
     "resolve_graph",
+    "truncate_at_stop",
 ]
 
 METHODS = ("vanilla", "spiffy", "specfold")
@@ -56,6 +58,39 @@ def encode_prompt(model: LoadedModel, prompt: str, chat: bool = True) -> list[in
         )
         return list(tok.encode(text, add_special_tokens=False))
     return list(tok.encode(prompt, add_special_tokens=False))
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def encode_messages(model: LoadedModel, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``, roles system / user / assistant)
+    through the model's chat template, ending with the prompt for the assistant's next turn."""
+    if not isinstance(messages, list | tuple) or not messages:
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} must be an object with string 'role' and 'content', got {str(m)[:60]}")
+        if m["role"] not in CHAT_ROLES:
+            raise ValueError(f"message {i} has role {m['role']!r}; expected one of {', '.join(CHAT_ROLES)}")
+    tok = model.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise ValueError(f"{model.path} has no chat template; a message list needs one")
+    chat = [{"role": m["role"], "content": m["content"]} for m in messages]
+    text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str | None]:
+    """``text`` cut just before the earliest occurrence of any stop string, and the stop string found there (the
+    earlier-listed one on a tie; ``None`` and the whole text when none occurs)."""
+    if any(not s for s in stop):
+        raise ValueError("empty stop string")
+    hits = [(text.find(s), i) for i, s in enumerate(stop) if s in text]
+    if not hits:
+        return text, None
+    at, i = min(hits)
+    return text[:at], stop[i]
 
 
 def decode_config_for(

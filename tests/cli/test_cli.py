@@ -96,3 +96,15 @@ def test_train_rejects_a_missing_warm_start(capsys, tmp_path):
     code, _, err = run(capsys, "train", "--out", str(tmp_path / "run"), "--init", str(tmp_path / "nope"))
     assert code == 2 and "no checkpoint directory" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", ["--max-minutes", "--checkpoint-minutes"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon"])
+def test_train_rejects_a_bad_time(capsys, tmp_path, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", str(tmp_path / "run"), flag, value])
+    assert exit_info.value.code == 2
+    shown = repr(value) if value == "soon" else str(float(value))
+    assert capsys.readouterr().err == (f"specfold train: error: argument {flag}: expected a number of minutes > 0, "
+                                       f"got {shown} (see --help)\n")
+    assert not (tmp_path / "run").exists()

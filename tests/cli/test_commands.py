@@ -67,27 +67,58 @@ def test_generate_text_output(capsys, embedded):
 
 
 def _table_rows(text: str) -> dict[tuple[str, str], list[str]]:
-    return {(cols[0], cols[1]): cols[2:] for cols in (line.split() for line in text.splitlines())
+    table = text[: text.index("\nColumns:")]  # the results table, not the timing rows after it
+    return {(cols[0], cols[1]): cols[2:] for cols in (line.split() for line in table.splitlines())
             if cols and cols[0] in TASKS}
 
 
-def test_demo_shows_each_domain_and_the_table(capsys, embedded):
-    out, _ = run(capsys, "demo", "--limit", "1", "--max-new-tokens", "16")
-    assert out.startswith(f"specfold demo: the embedded model ({EMBEDDED_DIR}), 1 held-out problems per domain")
+def test_demo_shows_each_domain_the_table_its_key_timing_and_conclusions(capsys, embedded):
+    out, _ = run(capsys, "demo", "--limit", "1", "--max-new-tokens", "16", "--repeats", "2")
+    assert out.startswith(f"specfold demo: the embedded model ({EMBEDDED_DIR}), 1 held-out problems per domain, fp32, "
+                          "1 CPU thread (--threads N for more)\n")
     rows = _table_rows(out)
     labels = ["vanilla", "spiffy", "specfold[delta=0.1]"]
     assert list(rows) == [(t, m) for t in TASKS for m in labels]
     cfg = decode_config_for(embedded, 16)
+    spiffy = prepare_method(embedded, "spiffy", cfg.small_block_size)
+    nfe = {"vanilla": 0, "spiffy": 0}
+    n_correct = 0
     for task in TASKS:
         sample = load_split(task, "test", limit=1)[0]
-        want = decode(embedded, encode_prompt(embedded, sample.prompt), cfg)
+        ids = encode_prompt(embedded, sample.prompt)
+        want = decode(embedded, ids, cfg)
         text = embedded.tokenizer.decode(want.token_ids, skip_special_tokens=True)
         correct = score(sample, text)
+        n_correct += correct
         assert f"\n[{task}] {'correct' if correct else 'WRONG'}, NFE {want.nfe}\n{text}\n" in out
-        acc, nfe = rows[task, "vanilla"][:2]
-        assert (acc, float(nfe)) == ("100.0%" if correct else "0.0%", want.nfe)
+        acc, nfe_col = rows[task, "vanilla"][:2]
+        assert (acc, float(nfe_col)) == ("100.0%" if correct else "0.0%", want.nfe)
         spiffy_acc, spiffy_nfe = rows[task, "spiffy"][:2]  # lossless: the same answer, never more passes
         assert spiffy_acc == acc and float(spiffy_nfe) <= want.nfe
+        nfe["vanilla"] += want.nfe
+        nfe["spiffy"] += decode(embedded, ids, cfg, verifier=spiffy.verifier, drafter=spiffy.drafter).nfe
+    # the key names every column of the table
+    header = next(line for line in out.splitlines() if line.startswith("task "))
+    key = out[out.index("Columns:"):out.index("\nTiming:")]
+    keyed = {line.split()[0] for line in key.splitlines()[1:] if line.startswith("  ") and line[2] != " "}
+    for column in header.split()[2:]:
+        assert column in keyed or f"{column} = relative to vanilla" in key, column
+    # timing: 2 repeats, the table's tok/s is their median, within min..max
+    assert "\nTiming: tokens/s over 2 repeats" in out
+    timing = out[out.index("\nTiming:"):out.index("\nWhat this run shows:")].splitlines()[3:]
+    assert len(timing) == 9
+    for line, (task, label) in zip(timing, rows, strict=True):
+        cols = line.split()
+        assert cols[:2] == [task, label]
+        median, low, high = map(float, cols[2:5])
+        assert low <= median <= high and f"{median:.1f}" == rows[task, label][3]
+    # the conclusions are the run's numbers
+    shows = " ".join(out[out.index("What this run shows:"):].split())  # the sentences, unwrapped
+    pct = f"{100 * n_correct / 3:.1f}%"
+    assert f"Accuracy over 3 problems: vanilla {pct}, spiffy {pct}, " in shows
+    assert (f"spiffy gave vanilla's tokens on 3/3 problems (lossless); it needed "
+            f"{nfe['spiffy'] / nfe['vanilla']:.2f}× vanilla's forward passes") in shows
+    assert "Noise: over 2 repeats a row's tokens/s spanned up to " in shows
 
 
 def test_calibrate_writes_the_graph_of_the_counted_prompts(capsys, embedded, tmp_path):
@@ -168,6 +199,44 @@ def test_train_runs_and_exports_a_loadable_model(capsys, tmp_path):
     assert info["parameters"] == sum(p.numel() for p in model.net.parameters())
     assert (model.config.hidden_size, model.config.num_layers) == (32, 1)
     assert model.tokenizer is not None and model.mask_id == model.tokenizer.convert_tokens_to_ids("|<MASK>|")
+
+
+def test_train_ctrl_c_saves_and_a_rerun_resumes(capsys, tmp_path):
+    """A real SIGINT to a real `specfold train` process: it ends after the step in flight with one line and status
+    130, the state is at the last logged step, and a rerun continues the log without a gap or a repeated step (that
+    the resumed steps are the uninterrupted run's is tests/train/test_train_loop.py's)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import specfold
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "--out", str(run_dir), "--tokenizer", str(EMBEDDED_DIR), "--steps", "1000", "--batch-size", "2",
+            "--hidden-size", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate-size", "64"]
+    env = {**os.environ, "PYTHONPATH": str(Path(specfold.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "specfold.cli", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = run_dir / "loss.jsonl"
+    deadline = time.monotonic() + 120
+    while (not log.is_file() or len(log.read_text().splitlines()) < 3) and proc.poll() is None:
+        assert time.monotonic() < deadline, "training never logged 3 steps"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and out == ""
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    stopped = steps[-1]
+    assert 3 <= stopped < 1000 and steps == list(range(1, stopped + 1))
+    assert err.splitlines()[-1] == (f"specfold: SIGINT after step {stopped} of 1000: state saved to "
+                                    f"{run_dir / 'state.pt'}; run the same command again to resume")
+    assert torch.load(run_dir / "state.pt", weights_only=False)["step"] == stopped
+    argv[argv.index("1000")] = str(stopped + 2)  # two more steps
+    out, _ = run(capsys, *argv)
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == stopped + 2
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, stopped + 3))
 
 
 COMMANDS = ["generate", "demo", "eval", "sweep", "plot", "analyze", "merge", "export-evalplus", "calibrate", "bench",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -172,14 +174,76 @@ def _log(path: Path) -> list[tuple[int, float, float]]:
     return [(r["step"], r["loss"], r["lr"]) for r in map(json.loads, path.read_text().splitlines())]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17: a resumed run appends the steps after its checkpoint to "
-                   "loss.jsonl again (trainer.train opens loss.jsonl in append mode and never cuts it back to the "
-                   "checkpoint's step), so a run killed at 12 after a checkpoint at 8 logs steps 9..12 twice")
 def test_resumed_log_equals_the_uninterrupted_log(uninterrupted, resumed):
     assert _log(resumed[0] / "loss.jsonl") == _log(uninterrupted[0] / "loss.jsonl")
 
 
-@pytest.mark.xfail(strict=True, reason="trainer.train's final_loss ('mean of the last 50 steps') averages only the "
-                   "steps this process ran: a resumed run reports the mean of steps 9..24, not 1..24")
 def test_resumed_run_reports_the_uninterrupted_final_loss(uninterrupted, resumed):
     assert resumed[3].final_loss == pytest.approx(uninterrupted[1].final_loss, rel=1e-12)
+
+
+# An interrupt (Ctrl-C raised from the progress callback, or a SIGTERM the process sends itself) at a step inside a
+# pool of BUCKET = 8 batches: the run saves after that step and stops; started again it continues with exactly the
+# steps the uninterrupted run took next.
+@pytest.mark.parametrize(("how", "at"), [("KeyboardInterrupt", 11), ("SIGTERM", 5)])
+def test_interrupted_run_saves_and_resumes_without_a_lost_or_repeated_step(uninterrupted, tmp_path, how, at):
+    _, full, full_seen, _ = uninterrupted
+    cfg = tiny(tmp_path)
+    before: dict[int, float] = {}
+
+    def interrupt(step: int, loss: float) -> None:
+        before[step] = loss
+        if step == at and how == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)  # handled after this step: the loop saves, then stops
+        elif step == at:
+            raise KeyboardInterrupt
+
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(trainer.TrainingInterrupted) as stop:
+        train(cfg, interrupt)
+    assert str(stop.value) == f"{how} after step {at} of {STEPS}: state saved to {tmp_path / 'state.pt'}"
+    assert signal.getsignal(signal.SIGTERM) == handler  # the training-time handlers are gone again
+    assert before == {s: full_seen[s] for s in range(1, at + 1)}
+    assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == at
+    assert [s for s, _, _ in _log(tmp_path / "loss.jsonl")] == list(range(1, at + 1))
+    result, after = run(cfg)
+    assert after == {s: full_seen[s] for s in range(at + 1, STEPS + 1)}  # bit for bit, every remaining step
+    assert _log(tmp_path / "loss.jsonl") == _log(Path(full.export_dir).parent / "loss.jsonl")
+    assert result.steps == STEPS and result.final_loss == pytest.approx(full.final_loss, rel=1e-12)
+
+
+class FakeTime:
+    """``trainer.time`` with a clock that moves only when the test says so (10 s per step below)."""
+
+    now = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        return cls.now
+
+
+def test_time_budget_counts_from_step_zero_and_state_is_saved_on_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer, "time", FakeTime)
+    FakeTime.now = 0.0
+    saves: list[int] = []
+    real_save = trainer._save_state
+    monkeypatch.setattr(trainer, "_save_state", lambda path, net, opt, step, *a: (saves.append(step),
+                                                                                  real_save(path, net, opt, step, *a)))
+
+    def ten_seconds_a_step(step: int, loss: float) -> None:
+        FakeTime.now += 10.0
+
+    # warm-up 100 steps, budget 45 s: the budget ends the run at step 5 (it was ignored in warm-up before)
+    cfg = tiny(tmp_path / "budget", warmup=100, max_minutes=0.75, checkpoint_every=1000, checkpoint_minutes=0.25)
+    result = train(cfg, ten_seconds_a_step)
+    assert result.steps == 5 and result.seconds == 50.0
+    # a save after the first step, then whenever 15 s passed since the last one (steps end at 0, 10, 20, ... s),
+    # and at the end with the time spent (50 s: the budget spans resumes)
+    assert saves == [1, 3, 5, 5]
+    assert torch.load(tmp_path / "budget" / "state.pt", weights_only=False)["seconds"] == 50.0
+    assert [s for s, _, _ in _log(tmp_path / "budget" / "loss.jsonl")] == [1, 2, 3, 4, 5]
+    # the budget spans resumes: a rerun of the finished run takes no step and keeps the log
+    FakeTime.now = 1000.0
+    again = train(cfg, ten_seconds_a_step)
+    assert again.steps == 5 and again.final_loss == result.final_loss
+    assert [s for s, _, _ in _log(tmp_path / "budget" / "loss.jsonl")] == [1, 2, 3, 4, 5]

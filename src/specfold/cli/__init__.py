@@ -6,7 +6,8 @@
 
 One module per command (``generate.py``, ``eval.py``, ...), each with ``register(subparsers)`` and ``run(args)``;
 the shared argument types, option groups, model loading and progress bar live in ``common.py``.
-Bad input ends with one ``specfold: error: ...`` line and exit status 2, never a traceback.
+Bad input ends with one ``specfold: error: ...`` line and exit status 2, never a traceback. ``--threads N`` (before or
+after the command) sets torch's CPU threads for any command.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from specfold.cli import (
     train,
 )
 from specfold.cli import eval as eval_command
-from specfold.cli.common import Parser, UsageError
+from specfold.cli.common import Parser, UsageError, positive_int
 from specfold.model.loading import CheckpointError
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
@@ -44,9 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specfold",
         description="Faster lossless decoding for masked diffusion LLMs (Fast-dLLM-v2, Nemotron-Labs-Diffusion).",
     )
+    threads_help = "torch CPU threads (torch.set_num_threads; default: torch's choice)"
+    parser.add_argument("--threads", dest="global_threads", type=positive_int, default=None, help=threads_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS:
         command.register(sub)
+    for command_parser in sub.choices.values():  # the same option after the command (bench's own wins there)
+        command_parser.add_argument("--threads", dest="global_threads", type=positive_int, default=argparse.SUPPRESS,
+                                    metavar="N", help=threads_help)
     return parser
 
 
@@ -54,9 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    import torch
+
+    threads = torch.get_num_threads()  # restored afterwards: in-process callers (tests) keep their setting
+    if args.global_threads is not None:
+        torch.set_num_threads(args.global_threads)
     try:
         return func(args)
     except (CheckpointError, ValueError, FileNotFoundError, KeyboardInterrupt) as exc:
         message = str(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
         print(f"specfold: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)

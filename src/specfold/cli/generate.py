@@ -1,10 +1,11 @@
-"""``specfold generate``: decode one prompt."""
+"""``specfold generate``: decode one prompt or several (text, a conversation, or token ids)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from specfold.cli.common import (
     UsageError,
@@ -22,15 +23,40 @@ from specfold.model.transformer import DEFAULT_PREFILL_CHUNK
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "generate",
-        help="decode one prompt",
-        description="Decode one prompt block by block and report NFE and tokens/s.",
+        help="decode one prompt or several",
+        description="Decode prompts block by block and report NFE and tokens/s. Several prompts (positional and/or "
+        "--prompts-file) are decoded together by specfold.generate and printed in order.",
     )
-    p.add_argument("prompt", nargs="?", help="text prompt (sent through the model's chat template)")
+    p.add_argument("prompt", nargs="*", help="text prompt(s), each sent through the model's chat template")
+    p.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        default=None,
+        help="more prompts, after the positional ones: one per line, or (FILE ending in .jsonl) one JSON string, "
+        '{"prompt": TEXT} or {"messages": [...]} per line',
+    )
     p.add_argument(
         "--prompt-ids", type=id_list, default=None, help="comma-separated token ids instead of text, or @FILE of ids"
     )
+    p.add_argument(
+        "--system", metavar="TEXT", default=None, help="a system message before each text prompt (chat template)"
+    )
+    p.add_argument(
+        "--messages",
+        metavar="FILE",
+        default=None,
+        help='a JSON list of {"role": system|user|assistant, "content": TEXT}: one conversation, answered as the '
+        "assistant's next turn",
+    )
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="STR",
+        help="cut the text just before the first occurrence of STR (repeatable: the earliest of them wins)",
+    )
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to a text prompt")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt (one per line)")
     add_model_args(p)
     add_decode_args(p)
     p.add_argument(
@@ -44,16 +70,85 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from specfold.api import generate
+Conversation = list[dict]  # [{"role", "content"}, ...], checked by specfold.api.encode_messages
 
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise UsageError("give exactly one of PROMPT or --prompt-ids")
+
+def _read_json(path: str, what: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} {path!r} is not JSON: {exc.msg} (line {exc.lineno})") from None
+
+
+def read_prompts_file(path: str) -> list[str | Conversation]:
+    """Text prompts (one per non-blank line), or from a ``.jsonl`` file strings and conversations."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read --prompts-file {path!r}: {exc.strerror}") from None
+    if not path.endswith(".jsonl"):
+        return [line for line in lines if line.strip()]
+    out: list[str | Conversation] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path} line {n} is not JSON: {exc.msg}") from None
+        if isinstance(item, dict) and set(item) in ({"prompt"}, {"messages"}):
+            item = item.get("prompt", item.get("messages"))
+        if not isinstance(item, str | list):
+            raise UsageError(f'{path} line {n}: expected a JSON string, {{"prompt": TEXT}} or {{"messages": [...]}}')
+        out.append(item)
+    return out
+
+
+def gather_prompts(args: argparse.Namespace) -> list[str | Conversation | list[int]]:
+    """Every prompt the options name, in order: positional, then --prompts-file, then --messages (or the ids)."""
+    prompts: list[str | Conversation | list[int]] = list(args.prompt)
+    if args.prompts_file is not None:
+        prompts += read_prompts_file(args.prompts_file)
+    if args.messages is not None:
+        prompts.append(_read_json(args.messages, "--messages"))
+    if args.prompt_ids is not None:
+        if prompts:
+            raise UsageError("give either --prompt-ids or text prompts (PROMPT, --prompts-file, --messages)")
+        if args.system is not None:
+            raise UsageError("--system applies to text prompts, not --prompt-ids")
+        return [args.prompt_ids]
+    if not prompts:
+        raise UsageError("give a PROMPT, --prompts-file, --messages or --prompt-ids")
+    conversations = any(isinstance(p, list) for p in prompts)
+    if args.no_chat and (args.system is not None or conversations):
+        raise UsageError("--system and message lists go through the chat template; drop --no-chat")
+    if args.system is not None and conversations:
+        raise UsageError("--system applies to text prompts; put the system message in the message list")
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    from specfold.api import encode_messages, generate, truncate_at_stop
+
+    prompts = gather_prompts(args)
+    if any(not s for s in args.stop):
+        raise UsageError("--stop needs a non-empty string")
     model = load_from_args(args)
-    prompt = args.prompt if args.prompt is not None else args.prompt_ids
-    result = generate(
+    if args.stop and model.tokenizer is None:
+        raise UsageError(f"--stop cuts text, and {model.path} has no tokenizer")
+    ids_or_text = [
+        p if args.prompt_ids is not None
+        else encode_messages(model, p) if isinstance(p, list)
+        else encode_messages(model, [{"role": "system", "content": args.system}, {"role": "user", "content": p}])
+        if args.system is not None
+        else p
+        for p in prompts
+    ]
+    out = generate(
         model,
-        prompt,
+        ids_or_text if len(ids_or_text) > 1 else ids_or_text[0],
         max_new_tokens=args.max_new_tokens,
         threshold=args.threshold,
         block_size=args.block_size,
@@ -63,19 +158,28 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         **method_kwargs(args),
     )
-    if args.json:
-        out = result.to_dict()
-        out.update(method=args.method, model=str(model.path))
-        if args.method != "vanilla":
-            out["accepted_per_step"] = result.accepted_drafts / max(1, result.nfe_denoise)
-        if args.method == "specfold":
-            from specfold.engine.base import fold_ratio
+    results = out if isinstance(out, list) else [out]
+    for i, result in enumerate(results):
+        text, stop_string = result.text, None
+        if args.stop and text is not None:
+            text, stop_string = truncate_at_stop(text, args.stop)
+        if args.json:
+            rec = result.to_dict()
+            rec.update(index=i, text=text, method=args.method, model=str(model.path))
+            if args.stop:
+                rec["stop_string"] = stop_string
+            if args.method != "vanilla":
+                rec["accepted_per_step"] = result.accepted_drafts / max(1, result.nfe_denoise)
+            if args.method == "specfold":
+                from specfold.engine.base import fold_ratio
 
-            out["fold_ratio"] = fold_ratio(result.engine_stats)
-            out["ffn_fold_ratio"] = fold_ratio(result.engine_stats, "ffn")
-        print(json.dumps(out))
-    else:
-        print(result.text if result.text is not None else " ".join(map(str, result.token_ids)))
+                rec["fold_ratio"] = fold_ratio(result.engine_stats)
+                rec["ffn_fold_ratio"] = fold_ratio(result.engine_stats, "ffn")
+            print(json.dumps(rec))
+            continue
+        if len(results) > 1:
+            print(f"=== {i + 1}/{len(results)} ===")
+        print(text if text is not None else " ".join(map(str, result.token_ids)))
         print(
             f"[{result.generated_tokens} tokens, NFE {result.nfe} ({result.nfe_denoise} denoise + {result.nfe_cache} "
             f"cache), {result.tokens_per_forward:.2f} tokens/forward, {result.tokens_per_second:.1f} tokens/s]",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 
 from specfold.cli.common import (
     positive_int,
@@ -16,13 +18,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train a small Fast-dLLM-v2-family DLLM on the synthetic suite (CPU)",
         description="Block-diffusion training from scratch: block-causal attention across blocks, "
-        "masked-token loss inside blocks, complementary masking. Resumes from OUT/state.pt; logs "
-        "OUT/loss.jsonl; exports OUT/model (config.json, model.safetensors, tokenizer).",
+        "masked-token loss inside blocks, complementary masking. Logs OUT/loss.jsonl; exports OUT/model "
+        "(config.json, model.safetensors, tokenizer). Saves OUT/state.pt after the first step, every 100 steps, "
+        "every --checkpoint-minutes and on Ctrl-C/SIGTERM (after the step in flight); run the same command again "
+        "to resume exactly where it stopped.",
     )
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: train one into OUT/tokenizer)")
     p.add_argument("--steps", type=positive_int, default=3000)
-    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; the LR schedule fits it")
+    p.add_argument(
+        "--max-minutes",
+        type=positive_minutes,
+        default=None,
+        help="wall-clock budget counted from step 0 (warm-up included, across resumes); the LR schedule fits it",
+    )
+    p.add_argument(
+        "--checkpoint-minutes",
+        type=positive_minutes,
+        default=5.0,
+        help="save OUT/state.pt at least this often (default 5)",
+    )
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -56,6 +71,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of minutes > 0, got {value}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -63,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specfold.model.loading import resolve_checkpoint
     from specfold.train.tokenizer import train_tokenizer
-    from specfold.train.trainer import TrainConfig, train
+    from specfold.train.trainer import TrainConfig, TrainingInterrupted, train
 
     init = str(resolve_checkpoint(args.init)) if args.init else None  # a bad --init fails before any writing
     tok_dir = Path(args.tokenizer) if args.tokenizer else Path(args.out) / "tokenizer"
@@ -74,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_dir=str(tok_dir),
         steps=args.steps,
         max_minutes=args.max_minutes,
+        checkpoint_minutes=args.checkpoint_minutes,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
@@ -95,7 +121,12 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         bar.update(step - bar.n)
 
-    result = train(cfg, progress)
+    try:
+        result = train(cfg, progress)
+    except TrainingInterrupted as stop:
+        bar.close()
+        print(f"specfold: {stop}; run the same command again to resume", file=sys.stderr)
+        return 143 if stop.reason == "SIGTERM" else 130  # 128 + the signal's number, as a shell reports it
     bar.close()
     print(
         json.dumps(

@@ -30,6 +30,12 @@ blocks that hold only prompt in every sequence of the batch, and the clean copy 
 from pools sorted by (blocks, first response block), so a batch drops between a sixth and a half of its rows (on
 the synthetic suite a step takes about 0.7x the time of the full layout). The kept rows' logits equal those of the
 full layout (a test checks it).
+
+A run survives interruption: the wall-clock budget counts from step 0, the resumable state (weights, AdamW, the RNGs,
+the data stream's position and the batches still pending in the current pool) is saved after the first step, every
+``checkpoint_every`` steps, every ``checkpoint_minutes`` and when Ctrl-C or SIGTERM arrives (the step in flight
+finishes first), and a resumed run cuts ``loss.jsonl`` back to its checkpoint's step, so the log holds every step
+exactly once and the resumed steps are the uninterrupted run's (bit for bit in fp32 on one thread).
 """
 
 from __future__ import annotations
@@ -37,8 +43,11 @@ from __future__ import annotations
 import json
 import math
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,7 +78,8 @@ class TrainConfig:
     num_kv_heads: int = 2
     intermediate_size: int = 1024
     seed: int = 0
-    checkpoint_every: int = 100  # in steps; taken at the first finished pool after that many steps
+    checkpoint_every: int = 100  # save the resumable state every this many steps (and after the first)
+    checkpoint_minutes: float = 5.0  # ... and whenever this much wall-clock time has passed since the last save
     bf16: bool = True  # autocast the GEMMs to bf16 on CPU (about 3x faster than fp32 there)
     init_from: str | None = None  # warm start: a checkpoint directory of the same shape (ignored on resume)
     mix: dict[str, int] | None = None  # train samples per task per round, e.g. {"synth-math": 3}; default 1 each
@@ -79,7 +89,7 @@ class TrainConfig:
 @dataclass
 class TrainResult:
     steps: int
-    final_loss: float  # mean of the last 50 steps
+    final_loss: float  # mean of the last 50 logged steps (across resumes; nan when no step was taken)
     seconds: float
     parameters: int
     export_dir: Path
@@ -325,20 +335,83 @@ def warm_start(net: DLLM, cfg_dict: dict, checkpoint: str | Path) -> None:
     net.load_state_dict(ckpt_net.state_dict())
 
 
-def _save_state(path: Path, net: DLLM, opt: torch.optim.Optimizer, step: int, seconds: float, rng: random.Random):
+@dataclass
+class DataPosition:
+    """Where the deterministic data stream stands: samples drawn from it, and the batches of the current pool that
+    no step has used yet (a resume at any step continues with exactly the batches the run would have seen)."""
+
+    consumed: int
+    pending: list[list[tuple[list[int], int]]]
+
+
+def _save_state(path: Path, net: DLLM, opt: torch.optim.Optimizer, step: int, seconds: float, rng: random.Random,
+                data: DataPosition):
     """Write the resumable state atomically (a run killed mid-write keeps the previous checkpoint)."""
     tmp = path.with_suffix(".tmp")
     torch.save(
         {"model": net.state_dict(), "optim": opt.state_dict(), "step": step, "seconds": seconds,
-         "rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
+         "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "consumed": data.consumed,
+         "pending": data.pending},
         tmp,
     )
     tmp.replace(path)
 
 
+def _cut_log(path: Path, step: int) -> None:
+    """Keep ``loss.jsonl``'s records of steps ``1..step`` (what the checkpoint holds), in order: a resumed run logs
+    the steps after it again, and a fresh run (``step`` 0) starts an empty log. A line torn by a kill is dropped; a
+    step logged twice (by a run before this cut existed) keeps its later record, the one the checkpoint continues."""
+    by_step: dict[int, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                by_step[int(json.loads(line)["step"])] = line
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+    missing = [s for s in range(1, step + 1) if s not in by_step]
+    if missing:
+        raise ValueError(f"{path} lacks {len(missing)} of the checkpoint's {step} steps (first: {missing[0]}): "
+                         "restore the log, or delete state.pt to start the run over")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(by_step[s] + "\n" for s in range(1, step + 1)))
+    tmp.replace(path)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped :func:`train` between two steps, after it saved the resumable state."""
+
+    def __init__(self, step: int, steps: int, state_path: Path, reason: str):
+        super().__init__(f"{reason} after step {step} of {steps}: state saved to {state_path}")
+        self.step, self.steps, self.state_path, self.reason = step, steps, state_path, reason
+
+
+@contextmanager
+def _deferred_interrupts(requests: list[str]) -> Iterator[None]:
+    """While training (main thread only), SIGINT and SIGTERM append their name to ``requests`` instead of stopping
+    the process mid-step; a second one stops it at once (KeyboardInterrupt, nothing saved)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if requests:
+            raise KeyboardInterrupt
+        requests.append(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None) -> TrainResult:
     """Train (resuming from ``out_dir/state.pt`` if present), log losses to ``out_dir/loss.jsonl``, and export
-    the final model in the Fast-dLLM-v2 format with its tokenizer to ``out_dir/model``."""
+    the final model in the Fast-dLLM-v2 format with its tokenizer to ``out_dir/model``.
+
+    Ctrl-C, SIGTERM, or a ``KeyboardInterrupt`` raised by ``progress`` end the run after the current step: the state
+    is saved and :class:`TrainingInterrupted` is raised (run again with the same config to resume)."""
     from transformers import AutoTokenizer
 
     out = Path(cfg.out_dir)
@@ -357,6 +430,7 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
     )
     state_path = out / "state.pt"
     start_step, elapsed = 0, 0.0
+    position = DataPosition(0, [])
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     if state_path.is_file():
@@ -366,27 +440,40 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
         start_step, elapsed = state["step"], state["seconds"]
         rng.setstate(state["rng"])
         torch.set_rng_state(state["torch_rng"])
+        # states written before the pool was saved were taken only at pool ends
+        position = DataPosition(state.get("consumed", start_step * cfg.batch_size), state.get("pending", []))
     elif cfg.init_from is not None:
         warm_start(net, cfg_dict, cfg.init_from)
     out.mkdir(parents=True, exist_ok=True)  # only now: a bad warm start leaves nothing behind
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    log_path = out / "loss.jsonl"
+    _cut_log(log_path, start_step)
     # The data stream is deterministic: skip what earlier runs consumed so a resume sees fresh samples.
     data = sequences(tokenizer, cfg.seed, cfg.max_len, cfg.mix)
-    for _ in range(start_step * cfg.batch_size):
+    for _ in range(position.consumed):
         next(data)
     attn_cache: dict[Layout, tuple[torch.Tensor, torch.Tensor]] = {}
-    losses: list[float] = []
-    pending: list[list[tuple[list[int], int]]] = []
+    pending = position.pending
     t0 = time.perf_counter()
     step = saved = start_step
-    with open(out / "loss.jsonl", "a") as log:
+    seconds = saved_seconds = elapsed
+    requests: list[str] = []  # Ctrl-C / SIGTERM received, honoured after the step in flight
+
+    def save() -> None:
+        nonlocal saved, saved_seconds
+        saved, saved_seconds = step, seconds
+        _save_state(state_path, net, opt, step, seconds, rng, position)
+
+    with _deferred_interrupts(requests), open(log_path, "a") as log:
         while step < cfg.steps:
             seconds = elapsed + time.perf_counter() - t0
-            if step > cfg.warmup and progress_fraction(cfg, step, seconds) >= 1.0:
+            if progress_fraction(cfg, step, seconds) >= 1.0:  # steps or time, counted from step 0
                 break
             if not pending:
                 pool = sorted((next(data) for _ in range(BUCKET * cfg.batch_size)), key=lambda s: bucket_key(s, cfg))
-                pending = [pool[i : i + cfg.batch_size] for i in range(0, len(pool), cfg.batch_size)]
+                position.consumed += len(pool)
+                pending = position.pending = [pool[i : i + cfg.batch_size] for i in range(0, len(pool),
+                                                                                         cfg.batch_size)]
                 rng.shuffle(pending)
             batch = make_batch(pending.pop(), cfg.block_size, mask_id, pad_id, rng, causal=cfg.causal_copy)
             if batch.layout not in attn_cache:
@@ -402,27 +489,27 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
             opt.step()
             step += 1
-            losses.append(loss.item())
             seconds = elapsed + time.perf_counter() - t0
-            log.write(json.dumps({"step": step, "loss": losses[-1], "lr": lr, "seconds": round(seconds, 2)}) + "\n")
+            log.write(json.dumps({"step": step, "loss": loss.item(), "lr": lr, "seconds": round(seconds, 2)}) + "\n")
             log.flush()
             if progress is not None:
-                progress(step, losses[-1])
-            # a resume skips start_step * batch_size samples, so save only once the pool is used up
-            if (step - saved >= cfg.checkpoint_every and not pending) or step == cfg.steps:
-                saved = step
-                _save_state(state_path, net, opt, step, seconds, rng)
+                try:
+                    progress(step, loss.item())
+                except KeyboardInterrupt:
+                    requests.append("KeyboardInterrupt")
+            if (step == start_step + 1 or step - saved >= cfg.checkpoint_every or step == cfg.steps or requests
+                    or seconds - saved_seconds >= 60 * cfg.checkpoint_minutes):
+                save()
+            if requests:
+                raise TrainingInterrupted(step, cfg.steps, state_path, requests[0])
     seconds = elapsed + time.perf_counter() - t0
-    if step > saved:
-        _save_state(state_path, net, opt, step, seconds, rng)
+    if (step, seconds) != (saved, saved_seconds):  # the final state carries the time spent, for a later budget
+        save()
     export = export_model(net, cfg_dict, Path(cfg.tokenizer_dir), out / "model")
-    if not losses:  # resumed a finished run: report the logged tail
-        lines = (out / "loss.jsonl").read_text().splitlines()
-        losses = [json.loads(line)["loss"] for line in lines[-50:]]
-    tail = losses[-50:]
+    tail = [json.loads(line)["loss"] for line in log_path.read_text().splitlines()[-50:]]
     return TrainResult(
         steps=step,
-        final_loss=sum(tail) / len(tail),
+        final_loss=sum(tail) / len(tail) if tail else math.nan,
         seconds=seconds,
         parameters=sum(p.numel() for p in net.parameters()),
         export_dir=export,
