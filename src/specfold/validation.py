@@ -30,6 +30,7 @@ __all__ = [
     "atomic_write_text",
     "check_delta",
     "check_device",
+    "check_figure_path",
     "check_graph",
     "check_graph_budget",
     "check_method_options",
@@ -166,6 +167,20 @@ def check_output_path(path: str | Path, flag: str = "--out") -> Path:
         raise ValidationError(f"{flag} {out}: cannot write in {parent} ({exc.strerror})") from None
     os.close(fd)
     os.unlink(probe)
+    return out
+
+
+def check_figure_path(path: str | Path, flag: str = "--out") -> Path:
+    """An output path for a figure: writable (:func:`check_output_path`) with a suffix matplotlib can write."""
+    out = check_output_path(path, flag)
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    if out.suffix.lstrip(".").lower() not in formats:
+        raise ValidationError(
+            f"{flag} {out}: cannot write a figure as {out.suffix or 'a file without suffix'!r}; use one of "
+            + ", ".join("." + f for f in sorted(formats))
+        )
     return out
 
 

@@ -61,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from specfold.validation import atomic_write_text
 
     out = Path(args.out)
+    check_outputs(("--out", out))
     counts_path = out.with_name(out.stem + ".counts.json")
     paths_path = out.with_name(out.stem + ".paths.json")
-    check_outputs(("--out", out), ("--out (counts)", counts_path), ("--out (paths)", paths_path))
+    check_outputs(("--out (counts)", counts_path), ("--out (paths)", paths_path))
     model = load_from_args(args)
     if args.data_dir:
         from specfold.eval.benchmarks import calibration_prompts

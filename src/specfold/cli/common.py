@@ -252,6 +252,13 @@ def check_outputs(*paths: tuple[str, str | Path | None]) -> None:
             check_output_path(path, flag)
 
 
+def check_figure_out(path: str | Path, flag: str = "--out") -> None:
+    """A figure file: writable, and a suffix matplotlib writes (.png, .svg, .pdf, ...), checked before any work."""
+    from specfold.validation import check_figure_path
+
+    check_figure_path(path, flag)
+
+
 def add_overwrite_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overwrite",

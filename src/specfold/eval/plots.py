@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specfold.eval.sweep import SWEEP_KINDS, sweep_summary
-from specfold.validation import atomic_output, check_output_path
+from specfold.validation import atomic_output, check_figure_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -107,7 +107,7 @@ def sweep_figure(summary: dict[str, Any], title: str | None = None) -> Figure:
 
 def plot_summary(summary: dict[str, Any], out: Path, title: str | None = None) -> Path:
     """Draw the figure of a sweep summary and save it to ``out`` (format from the suffix)."""
-    check_output_path(out)
+    check_figure_path(out)
     fig = sweep_figure(summary, title)
     with atomic_output(out) as tmp:
         fig.savefig(tmp, dpi=150)
