@@ -21,6 +21,13 @@ from specfold.decoding.speculative import GraphDrafter, TraceRecorder
 from specfold.engine.base import Verifier
 from specfold.engine.dense import DenseVerifier
 from specfold.model.loading import LoadedModel, load_model
+from specfold.validation import (
+    check_delta,
+    check_graph,
+    check_graph_budget,
+    check_method_options,
+    check_token_ids,
+)
 
 __all__ = [
     "METHODS",
@@ -131,8 +138,10 @@ def resolve_graph(
         raise ValueError(f"depth cap must be positive, got {depth}")
     if isinstance(graph, DraftGraph):
         g = graph
+        check_graph_budget(g, budget)
     elif graph is not None:
-        g = DraftGraph.load(graph, expect_budget=budget if depth is None else None)
+        g = DraftGraph.load(graph)
+        check_graph_budget(g, budget)
     else:
         shipped, counts_path, paths_path = model.path / GRAPH_FILE, model.path / COUNTS_FILE, model.path / PATHS_FILE
         if shipped.is_file() and budget in (None, DEFAULT_BUDGET) and depth is None:
@@ -165,26 +174,35 @@ def prepare_method(
     graph: str | Path | DraftGraph | None = None,
     budget: int | None = None,
     depth: int | None = None,
-    delta: float = 0.1,
-    backend: str = "torch",
-    ffn: str = "residual",
-    attention: str = "auto",
+    delta: float | None = None,
+    backend: str | None = None,
+    ffn: str | None = None,
+    attention: str | None = None,
+    *,
+    block_size: int | None = None,
 ) -> Method:
+    """The verifier and drafter of ``method``. Options left None take their defaults (δ 0.1, backend ``torch``,
+    FFN ``residual``, attention ``auto``); an option given for a method it does not apply to is refused (``delta``
+    with spiffy or vanilla, ``graph`` with vanilla, ...). ``block_size`` (the run's) checks the graph against it."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    options = {"graph": graph, "budget": budget, "depth": depth, "delta": delta, "backend": backend, "ffn": ffn,
+               "attention": attention}
+    check_method_options(method, options)
+    if method == "specfold":
+        delta = check_delta(0.1 if delta is None else delta)
     if method == "vanilla":
-        if graph is not None or budget is not None or depth is not None:
-            raise ValueError("--graph/--budget/--depth apply to spiffy and specfold, not vanilla")
         return Method("vanilla", DenseVerifier(model.net), None)
     g = resolve_graph(model, graph, budget, depth)
+    check_graph(g, block_size, model.config.vocab_size)
     drafter = GraphDrafter(g, model.mask_id, small_block_size, model.stop_id, device=model.net.device)
     if method == "spiffy":
         return Method("spiffy", DenseVerifier(model.net), drafter, g)
-    if delta < 0:
-        raise ValueError(f"delta must be >= 0, got {delta}")
     from specfold.engine.folded import FoldedVerifier
 
-    verifier = FoldedVerifier(model.net, delta=delta, backend=backend, ffn=ffn, attention=attention)
+    verifier = FoldedVerifier(
+        model.net, delta=delta, backend=backend or "torch", ffn=ffn or "residual", attention=attention or "auto"
+    )
     return Method("specfold", verifier, drafter, g)
 
 
@@ -200,10 +218,10 @@ def generate(
     graph: str | Path | DraftGraph | None = None,
     budget: int | None = None,
     depth: int | None = None,
-    delta: float = 0.1,
-    backend: str = "torch",
-    ffn: str = "residual",
-    attention: str = "auto",
+    delta: float | None = None,
+    backend: str | None = None,
+    ffn: str | None = None,
+    attention: str | None = None,
     chat: bool = True,
     prefill_chunk: int | None = None,
     batch_size: int = 8,
@@ -213,15 +231,21 @@ def generate(
     continuous batch of at most ``batch_size``; spiffy/specfold still decode them one after another).
 
     ``method``: ``vanilla``; ``spiffy`` (drafts from a calibrated graph, dense verification); ``specfold`` (the
-    same drafts, folded verification with threshold ``delta``; ``ffn`` ``residual`` or ``paper``). All three
-    produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``); ``delta > 0`` trades exactness for
-    speed.
+    same drafts, folded verification with threshold ``delta``, default 0.1; ``ffn`` ``residual`` or ``paper``). All
+    three produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``); ``delta > 0`` trades exactness
+    for speed. Options that the method does not use (``delta`` with vanilla, ...) are refused, as are prompt ids
+    outside the vocabulary (before anything is decoded).
     """
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk)
-    m = prepare_method(model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn, attention)
+    m = prepare_method(
+        model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn, attention,
+        block_size=cfg.block_size,
+    )
     several = isinstance(prompt_or_ids, list | tuple) and bool(prompt_or_ids) and not isinstance(prompt_or_ids[0], int)
     prompts = list(prompt_or_ids) if several else [prompt_or_ids]
     ids = [encode_prompt(model, p, chat) if isinstance(p, str) else p for p in prompts]
+    for one in ids:
+        check_token_ids(torch.as_tensor(one).flatten().tolist(), model.config.vocab_size)
     if m.drafter is None and several:
         results = decode_batch(model, ids, cfg, m, max_batch=batch_size)
     else:

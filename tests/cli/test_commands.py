@@ -122,6 +122,7 @@ def test_demo_shows_each_domain_the_table_its_key_timing_and_conclusions(capsys,
 
 
 def test_calibrate_writes_the_graph_of_the_counted_prompts(capsys, embedded, tmp_path):
+    (tmp_path / "cal").mkdir()
     out_path = tmp_path / "cal" / "graph.json"
     # threshold 1: one token a step, so even 3 short prompts show many transitions (at 0.9 the model fills a small
     # block in one step and there is next to nothing to count)

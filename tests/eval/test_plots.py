@@ -67,7 +67,7 @@ BLUE, ORANGE, WHITE = (31, 119, 180), (255, 127, 14), (255, 255, 255)  # SpecFol
 
 @pytest.mark.parametrize("kind", ["delta", "budget"])
 def test_png_has_a_drawn_panel_per_task(tmp_path: Path, png_pixels, kind: str):
-    out = plot_sweep(records(kind), kind, tmp_path / "sub" / "fig.png")
+    out = plot_sweep(records(kind), kind, tmp_path / "fig.png")
     px = png_pixels.read(out)
     assert px.shape == (660, 1380, 3)  # two panels side by side: (4.6 in × 2) × (3.6 + 0.8 in) at 150 dpi
     white = png_pixels.count(px, WHITE) / (px.shape[0] * px.shape[1])

@@ -9,6 +9,7 @@ from specfold.cli.common import (
     Parser,
     UsageError,
     add_model_args,
+    check_figure_out,
     id_list,
     load_from_args,
     positive_int,
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prompt is not None and args.prompt_ids is not None:
         raise UsageError("give at most one of --prompt or --prompt-ids")
+    check_figure_out(args.out)
     model = load_from_args(args)
     if args.prompt_ids is not None:
         ids = args.prompt_ids

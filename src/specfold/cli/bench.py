@@ -8,6 +8,7 @@ import json
 
 from specfold.cli.common import (
     Parser,
+    delta_list,
     float_list,
     positive_int,
 )
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--shape", type=lambda t: t.split(","), default=["fast-dllm-v2-1.5b"],
                    help="fast-dllm-v2-1.5b, nld-3b, nld-8b (comma-separated)")
-    p.add_argument("--delta", type=float_list, default=[0.1], help="recompute threshold(s), comma-separated")
+    p.add_argument("--delta", type=delta_list, default=[0.1], help="recompute threshold(s) in [0, 1], comma-separated")
     p.add_argument("--layers", type=positive_int, default=4, help="layers of the model (default 4)")
     p.add_argument("--vocab", type=positive_int, default=None, help="vocabulary (default: the shape's real one)")
     p.add_argument("--branches", type=positive_int, default=7, help="draft branches B (default 7)")

@@ -10,6 +10,7 @@ from specfold.cli.common import (
     UsageError,
     add_decode_args,
     add_model_args,
+    check_outputs,
     load_from_args,
     positive_int,
     progress_bar,
@@ -57,7 +58,13 @@ def run(args: argparse.Namespace) -> int:
 
     from specfold.api import decode_config_for, encode_prompt, record_traces
     from specfold.decoding.calibration import BudgetError, calibrate, counts_to_json
+    from specfold.validation import atomic_write_text
 
+    out = Path(args.out)
+    check_outputs(("--out", out))
+    counts_path = out.with_name(out.stem + ".counts.json")
+    paths_path = out.with_name(out.stem + ".paths.json")
+    check_outputs(("--out (counts)", counts_path), ("--out (paths)", paths_path))
     model = load_from_args(args)
     if args.data_dir:
         from specfold.eval.benchmarks import calibration_prompts
@@ -94,12 +101,8 @@ def run(args: argparse.Namespace) -> int:
     except BudgetError as err:
         raise UsageError(f"{err} (--samples {args.samples}, --budget {args.budget})") from None
     counts = paths.counts()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     graph.to_json(out)
-    counts_path = out.with_name(out.stem + ".counts.json")
-    counts_path.write_text(json.dumps(counts_to_json(counts), indent=1) + "\n")
-    paths_path = out.with_name(out.stem + ".paths.json")
+    atomic_write_text(counts_path, json.dumps(counts_to_json(counts), indent=1) + "\n")
     paths.to_json(paths_path)
     acc = graph.provenance["acceptance"]
     held = acc["held_out"]

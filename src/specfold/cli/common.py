@@ -42,6 +42,23 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def delta_type(text: str) -> float:
+    """δ: a finite number in [0, 1] (the validation layer's rule)."""
+    from specfold.validation import ValidationError, check_delta
+
+    try:
+        return check_delta(text.strip() if text.strip() else text)
+    except ValidationError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def delta_list(text: str) -> list[float]:
+    values = [delta_type(t) for t in text.split(",") if t.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated deltas in [0, 1], got {text!r}")
+    return values
+
+
 def threshold_type(text: str) -> float:
     try:
         value = float(text)
@@ -160,59 +177,101 @@ def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
     g.add_argument("--graph", default=None, help="draft graph JSON (default: the one shipped beside the model)")
     g.add_argument("--budget", type=positive_int, default=None, help="draft budget B (default 7)")
     g.add_argument("--depth", type=positive_int, default=None, help="cap on the draft graph depth")
+    # Defaults of the options below are None (= not given) so that an option given for a method it does not apply
+    # to is refused (validation.check_method_options) while its default never is; DEFAULTS fills them in.
     if multi:
         g.add_argument(
             "--delta",
-            type=float_list,
-            default=[0.1],
-            help="specfold recompute threshold(s) on the relative residual, comma-separated (0.1)",
+            type=delta_list,
+            default=None,
+            help="specfold recompute threshold(s) on the relative residual, in [0, 1], comma-separated (0.1)",
         )
     else:
         g.add_argument(
             "--delta",
-            type=non_negative_float,
-            default=0.1,
-            help="specfold recompute threshold on the relative residual (default 0.1)",
+            type=delta_type,
+            default=None,
+            help="specfold recompute threshold on the relative residual, in [0, 1] (default 0.1)",
         )
-    g.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+    g.add_argument("--backend", choices=["torch", "triton"], default=None, help="specfold engine backend (torch)")
     g.add_argument(
         "--ffn-reuse",
         choices=["residual", "paper"],
-        default="residual",
+        default=None,
         help="specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); "
         "'paper' reuses it on the layer's folded set as the paper does (not exact at delta 0)",
     )
     g.add_argument(
         "--attention",
         choices=["auto", "correct", "direct"],
-        default="auto",
+        default=None,
         help="specfold folded-row attention: 'auto' = per layer the cheaper of the two by the engine's cost rule "
         "(default); 'correct' = Eq. 8 from the source's softmax state; 'direct' = every row over its branch's own "
         "K/V in one batched call (same result)",
     )
 
 
+# The speculation options as the CLI spells them (the API's names are the keys).
+METHOD_FLAGS = {
+    "graph": "--graph",
+    "budget": "--budget",
+    "depth": "--depth",
+    "delta": "--delta",
+    "backend": "--backend",
+    "ffn": "--ffn-reuse",
+    "attention": "--attention",
+}
+METHOD_DEFAULTS = {"delta": 0.1, "backend": "torch", "ffn": "residual", "attention": "auto"}
+
+
+def given_method_options(args: argparse.Namespace) -> dict:
+    """The speculation options given on the command line (None = left at the default), by API name."""
+    return {name: getattr(args, flag[2:].replace("-", "_"), None) for name, flag in METHOD_FLAGS.items()}
+
+
+def check_method_args(args: argparse.Namespace, methods: list[str], selector: str) -> None:
+    """Refuse an option given for methods it does not apply to (``--delta`` with vanilla, like ``--graph``)."""
+    from specfold.validation import check_method_options
+
+    check_method_options(methods, given_method_options(args), METHOD_FLAGS, selector)
+
+
 def method_kwargs(args: argparse.Namespace, method: str | None = None) -> dict:
-    """Options for a speculative method (none for vanilla)."""
-    if (method or args.method) == "vanilla":
-        for flag in ("graph", "budget", "depth"):
-            if getattr(args, flag) is not None and method is None:
-                raise UsageError(f"--{flag} applies to --method spiffy or specfold")
-        return {}
-    return {
-        "graph": args.graph,
-        "budget": args.budget,
-        "depth": args.depth,
-        "delta": args.delta,
-        "backend": args.backend,
-        "ffn": args.ffn_reuse,
-        "attention": args.attention,
-    }
+    """The options given for ``--method`` (refusing those that do not apply to it); the API fills in defaults."""
+    method = method or args.method
+    check_method_args(args, [method], "--method ")
+    return {k: v for k, v in given_method_options(args).items() if v is not None}
+
+
+def check_outputs(*paths: tuple[str, str | Path | None]) -> None:
+    """``(flag, path)`` pairs of output files, checked writable before any work (a None path is skipped)."""
+    from specfold.validation import check_output_path
+
+    for flag, path in paths:
+        if path is not None:
+            check_output_path(path, flag)
+
+
+def check_figure_out(path: str | Path, flag: str = "--out") -> None:
+    """A figure file: writable, and a suffix matplotlib writes (.png, .svg, .pdf, ...), checked before any work."""
+    from specfold.validation import check_figure_path
+
+    check_figure_path(path, flag)
+
+
+def add_overwrite_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start --out afresh instead of resuming (needed when it holds records made with other settings)",
+    )
 
 
 def load_from_args(args: argparse.Namespace):
     from specfold.api import load_model
+    from specfold.validation import check_device
 
+    check_device(args.device)
     return load_model(args.model, dtype=args.dtype, device=args.device, mask_id=args.mask_id, eos_id=args.eos_id)
 
 

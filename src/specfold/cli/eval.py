@@ -9,9 +9,13 @@ import sys
 from pathlib import Path
 
 from specfold.cli.common import (
+    METHOD_DEFAULTS,
     add_decode_args,
     add_method_args,
     add_model_args,
+    add_overwrite_arg,
+    check_method_args,
+    check_outputs,
     evalplus_samples,
     load_from_args,
     positive_int,
@@ -62,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="also write EvalPlus samples of the code tasks (one file per method when several ran)",
     )
+    add_overwrite_arg(p)
     add_model_args(p)
     add_decode_args(p)
     add_method_args(p, multi=True)
@@ -72,18 +77,23 @@ def run(args: argparse.Namespace) -> int:
 
     from specfold.eval.harness import EvalPlan, MethodSpec, format_table, run_eval, summarize
 
+    check_method_args(args, args.methods, "--methods ")
+    num_shards, shard_id, out = launcher_shard(args.num_shards, args.shard_id, args.out)
+    check_outputs(("--out", out), ("--evalplus-out", args.evalplus_out))
+    backend = args.backend or METHOD_DEFAULTS["backend"]
+    ffn = args.ffn_reuse or METHOD_DEFAULTS["ffn"]
+    attention = args.attention or METHOD_DEFAULTS["attention"]
     specs = []
     for name in args.methods:
         if name == "specfold":
             specs += [
-                MethodSpec(name, args.budget, args.depth, d, args.graph, args.backend, args.ffn_reuse, args.attention)
-                for d in args.delta
+                MethodSpec(name, args.budget, args.depth, d, args.graph, backend, ffn, attention)
+                for d in args.delta or [METHOD_DEFAULTS["delta"]]
             ]
         elif name == "spiffy":
             specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph))
         else:
             specs.append(MethodSpec(name))
-    num_shards, shard_id, out = launcher_shard(args.num_shards, args.shard_id, args.out)
     plan = EvalPlan(
         tasks=args.tasks,
         methods=specs,
@@ -109,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix_str(" ".join(f"{k} {v:.0f} tok/s" for k, v in p.tokens_per_second.items()), refresh=False)
         bar.update(p.done - bar.n)
 
-    records = run_eval(model, plan, Path(out) if out else None, progress)
+    records = run_eval(model, plan, Path(out) if out else None, progress, overwrite=args.overwrite)
     if bar is not None:
         bar.close()
     summary = summarize(records)

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from specfold.cli.common import (
+    check_outputs,
     evalplus_samples,
 )
 
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from specfold.eval.evalplus import write_evalplus
     from specfold.eval.harness import read_records
 
+    check_outputs(("--out", args.out))
     if not Path(args.records).is_file():
         raise FileNotFoundError(f"no records file {args.records}")
     records = read_records(Path(args.records))

@@ -24,8 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from specfold.cli.common import check_outputs
     from specfold.eval.merge import merge_records, write_records
 
+    check_outputs(("--out", args.out))
     report = merge_records([Path(p) for p in args.records])
     out = write_records(report.records, Path(args.out))
     info = report.to_dict(out)

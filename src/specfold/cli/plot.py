@@ -23,9 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from specfold.cli.common import check_figure_out
     from specfold.eval.harness import read_records
     from specfold.eval.plots import plot_sweep
 
+    check_figure_out(args.out)
     records = []
     for path in args.records:
         if not Path(path).is_file():

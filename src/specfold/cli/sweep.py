@@ -10,8 +10,10 @@ from specfold.cli.common import (
     UsageError,
     add_decode_args,
     add_model_args,
+    add_overwrite_arg,
+    check_outputs,
+    delta_type,
     load_from_args,
-    non_negative_float,
     number_list,
     positive_int,
     progress_bar,
@@ -42,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "depth 1..4)",
     )
     p.add_argument("--budget", type=positive_int, default=None, help="B of the delta and depth sweeps (default 7)")
-    p.add_argument("--delta", type=non_negative_float, default=None, help="delta of budget/depth sweeps (0.1)")
+    p.add_argument("--delta", type=delta_type, default=None, help="delta of budget/depth sweeps, in [0, 1] (0.1)")
     p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
     p.add_argument("--ffn-reuse", choices=["residual", "paper"], default="residual", help="specfold FFN reuse")
     p.add_argument(
@@ -59,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
     p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
+    add_overwrite_arg(p)
     add_model_args(p)
     add_decode_args(p)
     p.set_defaults(func=run)
@@ -67,14 +70,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from specfold.eval.sweep import format_sweep, run_sweep, sweep_summary
+    from specfold.eval.sweep import check_grid, format_sweep, run_sweep, sweep_summary
 
     if args.kind == "budget" and args.budget is not None:
         raise UsageError("a budget sweep varies B itself; use --grid to choose the values")
     if args.kind == "delta" and args.delta is not None:
         raise UsageError("a delta sweep varies delta itself; use --grid to choose the values")
-    model = load_from_args(args)
     out = Path(args.out or f"sweep_{args.kind}.jsonl")
+    check_outputs(("--out", out))
+    if args.grid is not None:
+        check_grid(args.kind, args.grid)
+    model = load_from_args(args)
     bar = None
 
     def progress(p) -> None:
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         ffn=args.ffn_reuse,
         attention=args.attention,
+        overwrite=args.overwrite,
         split=args.split,
         limit=args.limit,
         data_dir=Path(args.data_dir) if args.data_dir else None,

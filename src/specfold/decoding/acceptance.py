@@ -317,7 +317,9 @@ class CalibrationPaths:
         return cls(tuple(prompts), int(data["max_depth"]), int(data["max_vocab_rank"]), provenance)
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
+        from specfold.validation import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> CalibrationPaths:

@@ -332,7 +332,9 @@ class DraftGraph:
         )
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        from specfold.validation import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path, expect_budget: int | None = None) -> DraftGraph:

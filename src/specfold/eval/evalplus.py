@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from specfold.validation import atomic_write_text
+
 CODE_TASKS: tuple[str, ...] = ("humaneval", "mbpp", "synth-code")
 
 
@@ -78,13 +80,10 @@ def write_evalplus(
     if not groups:
         what = f" of method {label!r}" if label else ""
         raise ValueError(f"no records{what} of a code task ({', '.join(CODE_TASKS)}) to export")
-    out.parent.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     for lab, recs in groups.items():
         path = out if len(groups) == 1 else out.with_name(f"{out.stem}.{_slug(lab)}{out.suffix}")
-        with open(path, "w") as f:
-            for rec in recs:
-                sample = samples.get(rec["sample_id"]) if samples is not None else None
-                f.write(json.dumps(evalplus_row(rec, sample)) + "\n")
+        rows = [evalplus_row(rec, samples.get(rec["sample_id"]) if samples is not None else None) for rec in recs]
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
         written[lab] = path
     return written

@@ -2,6 +2,8 @@
 
 One record per (sample, method) is appended to a JSONL file as soon as it exists, so a killed run resumes where it
 stopped: a record whose key (task, method, method parameters, sample id) is already in the file is not redone.
+Each record carries its provenance (model hash, dtype, device, decoding parameters, graph and task-data hashes, …;
+:mod:`specfold.eval.provenance`) and a file written with other settings is refused rather than reused.
 Methods run one after another on the same sample, so machine noise hits them alike (STYLE: compare side by side).
 
 Summary per task and method: accuracy, NFE per sample, generated tokens per forward, tokens/s (total generated
@@ -22,7 +24,9 @@ from specfold.config import DecodeConfig
 from specfold.decoding.batch import decode_batch
 from specfold.decoding.decoder import GenerationResult, decode
 from specfold.engine.base import fold_ratio
+from specfold.eval.provenance import check_resume, graph_hash, run_provenance, sample_hash
 from specfold.model.loading import LoadedModel
+from specfold.validation import atomic_write_text, check_output_path
 
 SYNTHETIC_PREFIX = "synth-"
 
@@ -90,22 +94,25 @@ class MethodSpec:
         return self.name + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
 
     def prepare(self, model: LoadedModel, cfg: DecodeConfig) -> Method:
-        kwargs = (
-            {}
-            if self.name == "vanilla"
-            else {
-                "graph": self.graph,
-                "budget": self.budget,
-                "depth": self.depth,
-                "backend": self.backend,
-                "delta": self.delta if self.delta is not None else 0.1,
-            }
-        )
-        return prepare_method(model, self.name, cfg.small_block_size, **kwargs)
+        kwargs: dict[str, Any] = {}
+        if self.name != "vanilla":
+            kwargs.update(graph=self.graph, budget=self.budget, depth=self.depth)
+        if self.name == "specfold":
+            kwargs.update(
+                delta=self.delta if self.delta is not None else 0.1,
+                backend=self.backend,
+                ffn=self.ffn,
+                attention=self.attention,
+            )
+        return prepare_method(model, self.name, cfg.small_block_size, block_size=cfg.block_size, **kwargs)
 
 
 def record_key(rec: dict[str, Any]) -> str:
     return json.dumps([rec["task"], rec["method"], rec.get("params", {}), rec["sample_id"]], sort_keys=True)
+
+
+def _key(task: str, spec: MethodSpec, sample: Any) -> str:
+    return record_key({"task": task, "method": spec.name, "params": spec.params, "sample_id": sample.sample_id})
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -154,6 +161,7 @@ class EvalPlan:
     shard_id: int = 0
     chat: bool = True
     batch_size: int = 1  # requests decoded together (vanilla through decode_batch; drafting methods one at a time)
+    sweep: dict[str, Any] | None = None  # a sweep's kind and fixed B / δ (part of every record's provenance)
 
 
 @dataclass
@@ -169,18 +177,20 @@ def run_eval(
     plan: EvalPlan,
     out: Path | None,
     progress: Callable[[Progress], None] | None = None,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
-    """Evaluate; append new records to ``out`` (resuming), and return all records of this plan (old and new)."""
+    """Evaluate; append new records to ``out`` (resuming), and return all records of this plan (old and new).
+
+    Every record carries its provenance (:mod:`specfold.eval.provenance`); an ``out`` holding records made with
+    other settings is refused (:class:`~specfold.eval.provenance.ProvenanceMismatch`) unless ``overwrite``, which
+    starts ``out`` afresh."""
     if not 0 <= plan.shard_id < plan.num_shards:
         raise ValueError(f"shard id {plan.shard_id} is outside 0..{plan.num_shards - 1}")
+    if out is not None:
+        check_output_path(out)
     cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size)
     prepared = {spec: spec.prepare(model, cfg) for spec in plan.methods}
     sources = {task: load_task(task, plan.split, plan.limit, plan.data_dir) for task in plan.tasks}
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        repair_tail(out)
-    existing = read_records(out) if out is not None else []
-    done = {record_key(r): r for r in existing}
     work = [
         (task, sample, spec)
         for task in plan.tasks
@@ -188,6 +198,19 @@ def run_eval(
         if i % plan.num_shards == plan.shard_id
         for spec in plan.methods
     ]
+    run_fields = run_provenance(model, cfg, plan)
+    items = {
+        _key(task, spec, sample): {"graph_hash": graph_hash(prepared[spec].graph), "task_data": sample_hash(sample)}
+        for task, sample, spec in work
+    }
+    if out is not None:
+        if overwrite:
+            atomic_write_text(out, "")
+        repair_tail(out)
+    existing = read_records(out) if out is not None else []
+    if out is not None:
+        check_resume(out, existing, run_fields, items, record_key)
+    done = {record_key(r): r for r in existing}
     _warm_up(model, cfg, prepared.values())
     batched = _decode_batched(model, cfg, plan, prepared, work, done)
     results: list[dict[str, Any]] = []
@@ -195,13 +218,14 @@ def run_eval(
     handle = open(out, "a") if out is not None else None
     try:
         for n, (task, sample, spec) in enumerate(work):
-            key = record_key({"task": task, "method": spec.name, "params": spec.params, "sample_id": sample.sample_id})
+            key = _key(task, spec, sample)
             if key in done:
                 results.append(done[key])
             else:
                 rec = _run_one(
                     model, cfg, prepared[spec], spec, task, sample, sources[task].score, plan.chat, batched.get(key)
                 )
+                rec["provenance"] = {**run_fields, **items[key]}
                 results.append(rec)
                 if handle is not None:
                     handle.write(json.dumps(rec) + "\n")

@@ -109,10 +109,16 @@ class SpecFoldLM(LM):
             "auto" if sbs == "auto" else (int(sbs) if sbs is not None else None),
         )
         self.method_name = method
+        drafts, folds = method != "vanilla", method == "specfold"  # the options each method uses (the rest unset)
         self.method = prepare_method(
-            self.model, method, self.cfg.small_block_size, _optional(graph),
-            None if method == "vanilla" else _optional(budget), None if method == "vanilla" else _optional(depth),
-            float(delta), backend, ffn,
+            self.model, method, self.cfg.small_block_size,
+            _optional(graph),
+            _optional(budget) if drafts else None,
+            _optional(depth) if drafts else None,
+            float(delta) if folds else None,
+            backend if folds else None,
+            ffn if folds else None,
+            block_size=self.cfg.block_size,
         )
         self.chat = _flag(chat)
         self._templated_by_lm_eval = False

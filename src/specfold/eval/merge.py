@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specfold.eval.harness import read_records, record_key
+from specfold.validation import atomic_write_text
 
 # What must agree between two records of one key (timing fields such as ``seconds`` may differ).
 OUTCOME_FIELDS: tuple[str, ...] = ("token_ids", "text", "correct", "nfe", "nfe_denoise", "generated_tokens")
@@ -76,10 +77,4 @@ def merge_records(paths: Sequence[Path]) -> MergeReport:
 
 def write_records(records: Iterable[dict[str, Any]], out: Path) -> Path:
     """Write records as JSONL (replacing ``out``; through a temporary file, so a crash leaves no half file)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-    tmp.replace(out)
-    return out
+    return atomic_write_text(out, "".join(json.dumps(rec) + "\n" for rec in records))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specfold.eval.sweep import SWEEP_KINDS, sweep_summary
+from specfold.validation import atomic_output, check_figure_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -106,9 +107,10 @@ def sweep_figure(summary: dict[str, Any], title: str | None = None) -> Figure:
 
 def plot_summary(summary: dict[str, Any], out: Path, title: str | None = None) -> Path:
     """Draw the figure of a sweep summary and save it to ``out`` (format from the suffix)."""
+    check_figure_path(out)
     fig = sweep_figure(summary, title)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
+    with atomic_output(out) as tmp:
+        fig.savefig(tmp, dpi=150)
     return out
 
 

@@ -33,6 +33,7 @@ from specfold.decoding.unmasking import confidence, eligible_mask, unmask_step
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.loading import LoadedModel
+from specfold.validation import atomic_output
 
 LABELS = ("committed", "masked", "new")
 LABEL_COLORS = {"committed": "tab:green", "masked": "tab:gray", "new": "tab:red"}
@@ -186,6 +187,6 @@ def plot_residual_map(rmap: ResidualMap, out: Path, title: str | None = None) ->
         handles=[Patch(color=LABEL_COLORS[lab], label="newly unmasked" if lab == "new" else lab) for lab in LABELS],
         loc="upper center", bbox_to_anchor=(0.5, -0.9), ncol=3, fontsize=7, frameon=False,
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150)
+    with atomic_output(out) as tmp:
+        fig.savefig(tmp, dpi=150)
     return out

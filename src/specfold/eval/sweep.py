@@ -13,19 +13,20 @@ so it shares the harness's resumable JSONL records (one file per sweep), shardin
     >>> records = run_sweep(model, "delta", ["synth-math"], out=Path("sweeps/delta.jsonl"), limit=20)
     >>> summary = sweep_summary(records, "delta")   # {"kind", "grid", "tasks": {task: {vanilla, spiffy, specfold}}}
 
-Beside ``out`` a ``<out>.meta.json`` records the decoding settings of the run; resuming with other settings (which
-would mix incomparable records in one file) is refused. The grid itself may grow between runs.
+Every record carries its provenance, including the sweep's kind and its fixed B or δ; resuming with other settings
+(which would mix incomparable records in one file) is refused, naming the field. The grid itself may grow between
+runs. :func:`check_sweep_kind` refuses to summarise records of one kind of sweep as another.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from specfold.eval.harness import EvalPlan, MethodSpec, Progress, run_eval, summarize
 from specfold.model.loading import LoadedModel
+from specfold.validation import ValidationError, check_delta
 
 SWEEP_KINDS: tuple[str, ...] = ("delta", "budget", "depth")
 DEFAULT_GRIDS: dict[str, tuple[float | int, ...]] = {
@@ -47,30 +48,17 @@ POINT_METRICS: tuple[str, ...] = (
     "accepted_per_step",
     "fold_ratio",
 )
-_META_KEYS = (
-    "kind",
-    "model",
-    "dtype",
-    "split",
-    "max_new_tokens",
-    "threshold",
-    "block_size",
-    "small_block_size",
-    "chat",
-)
 
 
 def check_grid(kind: str, grid: Iterable[float | int]) -> list[float | int]:
-    """The grid as a sorted, duplicate-free list of valid values (δ ≥ 0; B and D positive integers)."""
+    """The grid as a sorted, duplicate-free list of valid values (δ in [0, 1]; B and D positive integers)."""
     if kind not in SWEEP_KINDS:
         raise ValueError(f"unknown sweep {kind!r}; choose one of {', '.join(SWEEP_KINDS)}")
     values = list(grid)
     if not values:
         raise ValueError(f"empty {kind} grid")
     if kind == "delta":
-        if any(float(v) < 0 for v in values):
-            raise ValueError(f"delta grid values must be >= 0, got {values}")
-        return sorted({float(v) for v in values})
+        return sorted({check_delta(v, "delta grid value") for v in values})
     if any(float(v) != int(v) or int(v) < 1 for v in values):
         raise ValueError(f"{kind} grid values must be positive integers, got {values}")
     return sorted({int(v) for v in values})
@@ -118,37 +106,6 @@ def sweep_methods(
     return specs
 
 
-def _meta(model: LoadedModel, kind: str, plan: EvalPlan) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "model": str(model.path),
-        "dtype": str(model.net.dtype),
-        "split": plan.split,
-        "max_new_tokens": plan.max_new_tokens,
-        "threshold": plan.threshold,
-        "block_size": plan.block_size,
-        "small_block_size": plan.small_block_size,
-        "chat": plan.chat,
-    }
-
-
-def meta_path(out: Path) -> Path:
-    return out.with_name(out.name + ".meta.json")
-
-
-def _check_meta(out: Path, meta: dict[str, Any]) -> None:
-    """Refuse to resume a sweep file written with other decoding settings; write the settings on a first run."""
-    path = meta_path(out)
-    if path.is_file():
-        old = json.loads(path.read_text())
-        diff = {k: (old.get(k), meta[k]) for k in _META_KEYS if old.get(k) != meta[k]}
-        if diff:
-            shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"{out} holds a sweep run with other settings ({shown}); pass another --out")
-    else:
-        path.write_text(json.dumps(meta, indent=1) + "\n")
-
-
 def run_sweep(
     model: LoadedModel,
     kind: str,
@@ -162,23 +119,47 @@ def run_sweep(
     backend: str = "torch",
     ffn: str = "residual",
     attention: str = "auto",
+    overwrite: bool = False,
     **plan_options: Any,
 ) -> list[dict[str, Any]]:
-    """Run (or resume) one sweep and return all its records (old and new).
+    """Run (or resume) one sweep and return all its records (old and new); ``overwrite`` starts ``out`` afresh.
 
     ``plan_options`` are the other :class:`EvalPlan` fields (``limit``, ``split``, ``max_new_tokens``, ``threshold``,
     ``block_size``, ``small_block_size``, ``num_shards``, ``shard_id``, ``chat``, ``data_dir``)."""
     specs = sweep_methods(kind, grid, budget, delta, backend, ffn, attention)
-    plan = EvalPlan(tasks=list(tasks), methods=specs, **plan_options)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _check_meta(out, _meta(model, kind, plan))
-    return run_eval(model, plan, out, progress)
+    fixed = {"kind": kind, "budget": None, "delta": None}
+    if kind != "budget":
+        fixed["budget"] = SWEEP_BUDGET if budget is None else budget
+    if kind != "delta":
+        fixed["delta"] = SWEEP_DELTA if delta is None else delta
+    plan = EvalPlan(tasks=list(tasks), methods=specs, sweep=fixed, **plan_options)
+    return run_eval(model, plan, out, progress, overwrite=overwrite)
 
 
 def _point(label: str, rec: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     params = {k: v for k, v in rec.get("params", {}).items() if k in ("budget", "depth", "delta") and v is not None}
     return {"label": label, **params, **{k: row[k] for k in POINT_METRICS if row.get(k) is not None}}
+
+
+def sweep_kind_of(records: Iterable[dict[str, Any]]) -> str | None:
+    """The kind of sweep that made ``records``: from their provenance, else (older records, eval records) the one
+    parameter that takes several values among the specfold records; None when that says nothing."""
+    records = list(records)
+    kinds = {r["provenance"].get("sweep") for r in records if isinstance(r.get("provenance"), dict)} - {None}
+    if len(kinds) > 1:
+        raise ValidationError(f"the records mix sweeps of {' and '.join(sorted(kinds))}; plot each file on its own")
+    if kinds:
+        return kinds.pop()
+    params = [r.get("params", {}) for r in records if r.get("method") == "specfold"]
+    varying = [k for k in SWEEP_KINDS if len({p.get(k) for p in params} - {None}) > 1]
+    return varying[0] if len(varying) == 1 else None
+
+
+def check_sweep_kind(records: Iterable[dict[str, Any]], kind: str) -> None:
+    """Refuse to read records of one kind of sweep as another (``plot budget`` of a delta sweep)."""
+    made = sweep_kind_of(records)
+    if made is not None and made != kind:
+        raise ValidationError(f"the records hold a {made} sweep, not a {kind} sweep")
 
 
 def sweep_summary(records: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -188,6 +169,7 @@ def sweep_summary(records: Iterable[dict[str, Any]], kind: str) -> dict[str, Any
     if kind not in SWEEP_KINDS:
         raise ValueError(f"unknown sweep {kind!r}; choose one of {', '.join(SWEEP_KINDS)}")
     records = list(records)
+    check_sweep_kind(records, kind)
     first: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
         first.setdefault((r["task"], r.get("label", r["method"])), r)

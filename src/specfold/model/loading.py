@@ -288,6 +288,9 @@ def load_model(
     eos_id: int | None = None,
 ) -> LoadedModel:
     """Load a checkpoint directory or hub id; with no argument, the embedded model shipped with specfold."""
+    from specfold.validation import check_device
+
+    check_device(device)
     if path_or_id is None:
         from specfold.model.embedded import embedded_model_dir
 
