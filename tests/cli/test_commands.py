@@ -170,8 +170,8 @@ def test_train_runs_and_exports_a_loadable_model(capsys, tmp_path):
     assert model.tokenizer is not None and model.mask_id == model.tokenizer.convert_tokens_to_ids("|<MASK>|")
 
 
-COMMANDS = ["generate", "demo", "eval", "sweep", "plot", "analyze", "merge", "export-evalplus", "calibrate", "bench",
-            "train", "init-random"]
+COMMANDS = ["generate", "demo", "eval", "serve", "sweep", "plot", "analyze", "merge", "export-evalplus", "calibrate",
+            "bench", "train", "init-random"]
 
 
 @pytest.mark.parametrize("argv", [[c] for c in COMMANDS] + [["analyze", "residuals"], ["bench", "layer"]],
