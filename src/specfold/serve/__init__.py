@@ -61,8 +61,18 @@ def build_app(model: LoadedModel, config: ServerConfig):
 
 
 def serve(model: LoadedModel, config: ServerConfig) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers: open requests get a few seconds to finish)."""
+    """Serve until SIGINT/SIGTERM, then return: uvicorn stops accepting, gives open requests a few seconds, and
+    the engine's worker stops with the app."""
+    import signal
+
     import uvicorn
 
     app = build_app(model, config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5)
+    # NOTE: after its graceful shutdown uvicorn re-raises the signal it caught under the handlers it found; with
+    # these no-op handlers that ends here (exit status 0) instead of killing the process.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
