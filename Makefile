@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# torch first and pinned: the CPU build (a bare `torch` would pull a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
 	# lmeval: the lm-eval adapter's tests run against the real harness (they fail, not skip, under `make test`)
-	$(PY) -m pip install -q -e '.[test,plot,triton,bench,lmeval]'
+	$(PY) -m pip install -q -e '.[test,plot,triton,bench,lmeval,serve]'
 	touch $@
 
 demo: venv

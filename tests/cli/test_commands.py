@@ -240,8 +240,8 @@ def test_train_ctrl_c_saves_and_a_rerun_resumes(capsys, tmp_path):
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, stopped + 3))
 
 
-COMMANDS = ["generate", "demo", "eval", "sweep", "plot", "analyze", "merge", "export-evalplus", "calibrate", "bench",
-            "train", "init-random"]
+COMMANDS = ["generate", "demo", "eval", "serve", "sweep", "plot", "analyze", "merge", "export-evalplus", "calibrate",
+            "bench", "train", "init-random"]
 
 
 @pytest.mark.parametrize("argv", [[c] for c in COMMANDS] + [["analyze", "residuals"], ["bench", "layer"]],

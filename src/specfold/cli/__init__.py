@@ -26,6 +26,7 @@ from specfold.cli import (
     init_random,
     merge,
     plot,
+    serve,
     sweep,
     train,
 )
@@ -36,8 +37,8 @@ from specfold.model.loading import CheckpointError
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
 
 # in the order `specfold --help` lists them
-COMMANDS = (generate, demo, eval_command, sweep, plot, analyze, merge, export_evalplus, calibrate, bench, train,
-            init_random)
+COMMANDS = (generate, demo, eval_command, serve, sweep, plot, analyze, merge, export_evalplus, calibrate, bench,
+            train, init_random)
 
 
 def build_parser() -> argparse.ArgumentParser:
