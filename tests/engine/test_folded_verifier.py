@@ -199,3 +199,30 @@ def test_direct_attention_mode_matches_the_correction(family, delta, fd_ckpt, nl
     if delta == 0.0:
         dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
         assert (direct.logits - dense).abs().max().item() <= 1e-9
+
+
+@pytest.mark.parametrize("ratio", [0.3, 0.6, 0.9])
+def test_imposed_fold_ratio_governs_every_layer(ratio, fd_ckpt) -> None:
+    """``imposed_fold`` (the GPU check's fixed fold ratios): each layer folds exactly its imposed non-root rows,
+    the same pattern on every call, and the realised ratio is the imposed one up to sampling."""
+    net, cache, states = _setup(fd_ckpt, torch.float64)
+    v = FoldedVerifier(net, 0.0, ffn="paper", attention="correct", imposed_fold=ratio, **ALWAYS)
+    res, tr = v.run(cache, states, PARENTS, trace=True)
+    imposed = v._imposed(len(PARENTS), N)  # [L, K, N]
+    for i, lt in enumerate(tr.layers):
+        want = imposed[i].clone()
+        want[0] = False  # a root never folds
+        assert torch.equal(~lt.recompute, want)
+    assert abs(_fold_ratio(res.stats) - ratio) < 0.1
+    again = v.verify(cache, states, PARENTS)
+    assert torch.equal(again.logits, res.logits) and again.stats == res.stats
+
+
+def test_imposed_fold_zero_is_dense_and_bad_ratios_are_refused(fd_ckpt) -> None:
+    net, cache, states = _setup(fd_ckpt, torch.float64)
+    dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
+    res = FoldedVerifier(net, 0.0, ffn="paper", attention="correct", imposed_fold=0.0, **ALWAYS).verify(
+        cache, states, PARENTS)
+    assert res.stats["folded_triples"] == 0 and (res.logits - dense).abs().max().item() <= 1e-9
+    with pytest.raises(ValueError, match="imposed_fold must be a fraction in"):
+        FoldedVerifier(net, 0.0, imposed_fold=1.5)

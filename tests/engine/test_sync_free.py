@@ -155,3 +155,17 @@ def test_triton_pass_rejects_bad_parents_after_reading_them(fd_ckpt, device) -> 
     v = FoldedVerifier(net, backend="triton", attention="correct", cost=None, dense_fallback=False)
     with pytest.raises(ValueError, match="parents must be -1 for row 0"):
         v.verify(cache, states, torch.tensor([-1, 0, 3, 0], device=device))  # 3 is not an earlier row
+
+
+def test_imposed_fold_ratio_is_the_same_on_triton_and_torch(fd_ckpt, device) -> None:
+    """The GPU check's imposed fold ratios: both backends fold the same rows and agree, still one host read."""
+    net, cache, states, parents = _tiny_pass(fd_ckpt, device)
+    always = {"attention": "correct", "cost": None, "dense_fallback": False, "delta": 0.0, "ffn": "paper",
+              "imposed_fold": 0.6}
+    triton_v = FoldedVerifier(net, backend="triton", **always)
+    want = FoldedVerifier(net, backend="torch", **always).verify(cache, states, parents)
+    reads, by_op = host_reads(lambda: triton_v.verify(cache, states, parents))
+    assert reads == 1, by_op
+    got = triton_v.verify(cache, states, parents)
+    assert got.stats["folded_triples"] == want.stats["folded_triples"] > 0
+    assert (got.logits - want.logits).abs().max().item() <= 1e-3

@@ -348,6 +348,7 @@ class FoldedVerifier:
             cost = LayerCost.of(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                                 machine.op_macs)
         self.net, self.cfg, self.cost = net, cfg, cost
+        self._imposed_masks: dict[tuple[int, int], torch.Tensor] = {}  # cfg.imposed_fold's, per (K, N)
 
     @property
     def delta(self) -> float:
@@ -441,8 +442,9 @@ class FoldedVerifier:
         if self.cfg.backend == "triton":
             from specfold.engine.triton_backend import folded_layer_triton as layer_fn
             from specfold.engine.triton_backend import plan_layer as plan_fn
-        for layer, (pk, pv) in zip(net.layers, prefixes, strict=True):
-            plan = plan_fn(h.view(k, n, -1), ctx.parents, self.cfg.delta)
+        imposed = self._imposed(k, n)
+        for i, (layer, (pk, pv)) in enumerate(zip(net.layers, prefixes, strict=True)):
+            plan = plan_fn(h.view(k, n, -1), ctx.parents, self.cfg.delta, None if imposed is None else imposed[i])
             h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.cfg, trace, self.cost)
             counts.append(c)
             if out is not None:
@@ -451,6 +453,20 @@ class FoldedVerifier:
             h = h.view(k, n, -1)
             logits = net.position_logits(net.logits(h if head_rows is None else h[head_rows]))
         return logits, counts, out
+
+
+    def _imposed(self, k: int, n: int) -> torch.Tensor | None:
+        """``[L, K, N]`` bool: ``cfg.imposed_fold``'s decisions for a K-branch pass (made once per shape, on the
+        device, so a captured pass reads the same tensor); None without an imposed ratio."""
+        ratio = self.cfg.imposed_fold
+        if ratio is None:
+            return None
+        masks = self._imposed_masks
+        if (k, n) not in masks:
+            gen = torch.Generator().manual_seed(0)
+            draw = torch.rand(len(self.net.layers), k, n, generator=gen)
+            masks[k, n] = (draw < ratio).to(self.net.device)
+        return masks[k, n]
 
 
 def _check_parents(parents: list[int]) -> None:

@@ -31,7 +31,10 @@ class FoldConfig:
     ``delta``: the recompute threshold δ of Eq. 5 (finite, in [0, 1]); ``guard``: the cancellation-guard fraction
     of :mod:`specfold.engine.correction`; ``ffn``: ``"residual"`` (FFN gated on its own input, exact at δ = 0) or
     ``"paper"`` (SPEC §4 step 6 literally); ``attention``: see :data:`ATTENTION_MODES`; ``backend``: ``"torch"``
-    or ``"triton"``; ``dense_fallback``: run a layer densely when the cost rule says folding would not pay."""
+    or ``"triton"``; ``dense_fallback``: run a layer densely when the cost rule says folding would not pay;
+    ``imposed_fold``: benchmarks only — fold this fraction of every layer's non-root rows (a fixed pseudo-random
+    pattern per layer and branch count) instead of Eq. 5's decisions, so a decode runs at a chosen fold ratio;
+    its tokens are then not vanilla's."""
 
     delta: float = 0.1
     guard: float = DEFAULT_GUARD
@@ -39,8 +42,11 @@ class FoldConfig:
     attention: str = "auto"
     backend: str = "torch"
     dense_fallback: bool = True
+    imposed_fold: float | None = None
 
     def __post_init__(self) -> None:
+        if self.imposed_fold is not None and not 0.0 <= self.imposed_fold <= 1.0:
+            raise ValueError(f"imposed_fold must be a fraction in [0, 1], got {self.imposed_fold}")
         if not (isinstance(self.delta, int | float) and math.isfinite(self.delta) and 0.0 <= self.delta <= 1.0):
             raise ValueError(f"delta must be a finite number in [0, 1], got {self.delta}")
         if not 0.0 < self.guard <= 1.0:

@@ -16,13 +16,13 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from specfold.api import METHODS, prepare_method
 from specfold.config import DecodeConfig
 from specfold.decoding.batch import BatchDecoder, BatchEvent, BatchRequest
-from specfold.decoding.decoder import GenerationResult, check_prompt, decode
+from specfold.decoding.decoder import GenerationResult
 from specfold.decoding.draft_graph import DraftGraph
 from specfold.model.loading import LoadedModel
 
@@ -76,90 +76,6 @@ class EngineStats:
     cancelled: int = 0
     failed: int = 0
     rejected: int = 0
-
-
-class _Cancelled(Exception):
-    pass
-
-
-class _SerialDecoder:
-    """The :class:`BatchDecoder` interface for a method :class:`BatchDecoder` does not batch yet (a drafter):
-    :meth:`step` decodes the next waiting request to its end with :func:`decode`, sending its committed prefix as
-    it grows through ``emit``; a request cancelled meanwhile (``is_cancelled``) stops at its next rule step."""
-
-    def __init__(
-        self,
-        model: LoadedModel,
-        cfg: DecodeConfig,
-        method: Any,
-        emit: Callable[[BatchEvent], None],
-        is_cancelled: Callable[[Hashable], bool],
-    ) -> None:
-        self.model, self.cfg, self.method, self.emit, self.is_cancelled = model, cfg, method, emit, is_cancelled
-        self.waiting: list[BatchRequest] = []
-
-    @property
-    def idle(self) -> bool:
-        return not self.waiting
-
-    def submit(self, request: BatchRequest) -> None:
-        cfg = self.cfg if request.max_new_tokens is None else replace(self.cfg, max_new_tokens=request.max_new_tokens)
-        check_prompt(self.model, request.prompt_ids, cfg)
-        self.waiting.append(request)
-
-    def cancel(self, request_id: Hashable) -> None:
-        self.waiting = [r for r in self.waiting if r.request_id != request_id]
-
-    def step(self) -> list[BatchEvent]:
-        if not self.waiting:
-            return []
-        request = self.waiting.pop(0)
-        cfg = self.cfg if request.max_new_tokens is None else replace(self.cfg, max_new_tokens=request.max_new_tokens)
-        observer = _PrefixObserver(self, request.request_id, cfg)
-        try:
-            result = decode(
-                self.model, request.prompt_ids, cfg, verifier=self.method.verifier, drafter=self.method.drafter,
-                observer=observer,
-            )
-        except _Cancelled:
-            return []
-        return [BatchEvent(request.request_id, result.token_ids[observer.emitted :], result)]
-
-
-class _PrefixObserver:
-    """Follows a decode's trajectory and emits its committed prefix (finished blocks + the block's unmasked
-    prefix, cut after the stop token and at the budget) as it grows."""
-
-    def __init__(self, owner: _SerialDecoder, request_id: Hashable, cfg: DecodeConfig) -> None:
-        self.owner, self.request_id, self.cfg = owner, request_id, cfg
-        self.done: list[int] = []  # tokens of finished blocks
-        self.block: list[int] | None = None
-        self.gen_start = 0
-        self.emitted = 0
-
-    def block_start(self, state, gen_start: int) -> None:  # state [N]
-        if self.block is not None:
-            self.done.extend(self.block[self.gen_start :])
-        self.block, self.gen_start = state.tolist(), gen_start
-        self._emit()
-
-    def step(self, logits, next_state) -> None:  # logits [N, V], next_state [N]
-        self.block = next_state.tolist()
-        self._emit()
-
-    def _emit(self) -> None:
-        if self.owner.is_cancelled(self.request_id):
-            raise _Cancelled
-        mask_id, stop_id = self.owner.model.mask_id, self.owner.model.stop_id
-        tail = self.block[self.gen_start :]
-        upto = tail.index(mask_id) if mask_id in tail else len(tail)
-        current = self.done + tail[:upto]
-        if stop_id is not None and stop_id in current:
-            current = current[: current.index(stop_id) + 1]
-        current = current[: self.cfg.max_new_tokens]
-        if len(current) > self.emitted:
-            self.owner.emit(BatchEvent(self.request_id, current[self.emitted :]))
-            self.emitted = len(current)
 
 
 @dataclass
@@ -270,17 +186,12 @@ class ServeEngine:
             method = prepare_method(self.model, "vanilla")
         else:
             o = s.options
+            folded = dict(delta=key.delta, backend=o.backend, ffn=o.ffn, attention=o.attention)
             method = prepare_method(
-                self.model, key.name, s.cfg.small_block_size, graph=o.graph, delta=key.delta or 0.0,
-                backend=o.backend, ffn=o.ffn, attention=o.attention,
+                self.model, key.name, s.cfg.small_block_size, graph=o.graph,
+                **(folded if key.name == "specfold" else {}),
             )
-        try:
-            return BatchDecoder(self.model, s.cfg, method, s.max_batch)
-        except ValueError:
-            # NOTE: BatchDecoder does not batch drafting methods yet; they decode one request at a time.
-            if method.drafter is None:
-                raise
-            return _SerialDecoder(self.model, s.cfg, method, self._deliver, self._is_cancelled)
+        return BatchDecoder(self.model, s.cfg, method, s.max_batch)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
