@@ -227,8 +227,9 @@ def generate(
     batch_size: int = 8,
 ) -> GenerationResult | list[GenerationResult]:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result; a
-    list of prompts (texts or id lists) returns one result per prompt, in order (vanilla decodes them through a
-    continuous batch of at most ``batch_size``; spiffy/specfold still decode them one after another).
+    list of prompts (texts or id lists) returns one result per prompt, in order, decoded through a continuous
+    batch of at most ``batch_size`` requests (every method; each request's tokens are its batch-1 decode's, except
+    that specfold at ``delta > 0`` under the cost rule picks a layer's dense fallback for the whole pass).
 
     ``method``: ``vanilla``; ``spiffy`` (drafts from a calibrated graph, dense verification); ``specfold`` (the
     same drafts, folded verification with threshold ``delta``, default 0.1; ``ffn`` ``residual`` or ``paper``). All
@@ -246,10 +247,10 @@ def generate(
     ids = [encode_prompt(model, p, chat) if isinstance(p, str) else p for p in prompts]
     for one in ids:
         check_token_ids(torch.as_tensor(one).flatten().tolist(), model.config.vocab_size)
-    if m.drafter is None and several:
+    if several:
         results = decode_batch(model, ids, cfg, m, max_batch=batch_size)
     else:
-        results = [decode(model, one, cfg, verifier=m.verifier, drafter=m.drafter) for one in ids]
+        results = [decode(model, ids[0], cfg, verifier=m.verifier, drafter=m.drafter)]
     if model.tokenizer is not None:
         for result in results:
             result.text = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)

@@ -193,3 +193,26 @@ def test_folded_batch_pass_equals_each_request_alone_fp64(fd_ckpt):
             alone = verifier.verify(cache.slot(r), states[r, :kr], parents[r, :kr])
             torch.testing.assert_close(out.logits[r], alone.logits, rtol=0, atol=1e-10)
             assert out.stats[r] == alone.stats, attention
+
+
+@pytest.mark.parametrize(("method", "delta"), [("spiffy", None), ("specfold", 0.0)])
+def test_api_generate_batches_drafting_methods(fd_ckpt, method, delta):
+    """specfold.generate with a list and a drafting method: one result per prompt, in order, each its batch-1
+    decode (and, lossless, vanilla's tokens), with drafts accepted inside the batch."""
+    import specfold
+
+    model = load_model(fd_ckpt, dtype="fp64")
+    n = model.config.block_size
+    prompts = _prompts(model, [5, 2 * n, 1, n + 3], seed=4)
+    cfg = DecodeConfig(block_size=n, small_block_size=n // 2, threshold=0.9, max_new_tokens=2 * n)
+    graph = _calibrated(model, prompts, cfg)
+    kw = dict(max_new_tokens=2 * n, threshold=0.9, small_block_size=n // 2, graph=graph, method=method)
+    if delta is not None:
+        kw["delta"] = delta
+    got = specfold.generate(model, prompts, batch_size=3, **kw)
+    alone = [specfold.generate(model, p, **kw) for p in prompts]
+    assert [r.token_ids for r in got] == [r.token_ids for r in alone]
+    assert [r.accepted_drafts for r in got] == [r.accepted_drafts for r in alone] and sum(
+        r.accepted_drafts for r in got) > 0
+    vanilla = specfold.generate(model, prompts, max_new_tokens=2 * n, threshold=0.9, small_block_size=n // 2)
+    assert [r.token_ids for r in got] == [r.token_ids for r in vanilla]

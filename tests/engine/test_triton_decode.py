@@ -51,3 +51,33 @@ def test_triton_decode_at_delta_zero_is_token_identical(family, tmp_path, device
     assert got.engine_stats["folded_triples"] > 0 and got.engine_stats["corrected_rows"] > 0
     for key in ("draft_triples", "folded_triples", "corrected_rows", "guard_fallbacks"):  # the torch engine's gates
         assert got.engine_stats[key] == ref.engine_stats[key], key
+
+
+@pytest.mark.parametrize("family", ["fast_dllm_v2", "nld"])
+def test_triton_batch_decode_at_delta_zero_is_vanilla_and_equals_torch(family, tmp_path, device):
+    """decode_batch with the triton backend: three prompts of different lengths (one not block-aligned, one longer
+    than a block) through a batch of two with refill — every request's tokens are vanilla's, and its per-request
+    fold statistics are the torch engine's."""
+    from specfold.decoding.batch import BatchMethod, decode_batch
+
+    model = load_model(write_random_checkpoint(tmp_path / family, family, seed=3, **SHAPE), dtype="fp32",
+                       device=device)
+    small = 4 if family == "fast_dllm_v2" else None
+    cfg = DecodeConfig(max_new_tokens=8, block_size=8, small_block_size=small)
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 60, (t,), generator=gen).tolist() for t in (5, 8, 11)]
+    counts = record_counts(model, prompts, cfg, max_depth=3)
+    graph = graph_from_counts(counts, min(3, len(candidates(counts))))
+    drafter = GraphDrafter(graph, model.mask_id, small, model.stop_id, device=device)
+    vanilla = [decode(model, p, cfg).token_ids for p in prompts]
+    always = {"attention": "correct", "cost": None, "dense_fallback": False}
+    runs = {backend: decode_batch(model, prompts, cfg, BatchMethod(
+        FoldedVerifier(model.net, 0.0, backend=backend, **always), drafter), max_batch=2)
+        for backend in ("torch", "triton")}
+    for backend, res in runs.items():
+        assert [r.token_ids for r in res] == vanilla, backend
+    got, ref = runs["triton"], runs["torch"]
+    assert sum(r.accepted_drafts for r in got) > 0 and sum(r.engine_stats["folded_triples"] for r in got) > 0
+    assert [r.nfe for r in got] == [r.nfe for r in ref]
+    for key in ("draft_triples", "folded_triples", "corrected_rows", "guard_fallbacks"):
+        assert [r.engine_stats[key] for r in got] == [r.engine_stats[key] for r in ref], key

@@ -267,6 +267,15 @@ def add_overwrite_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_batch_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1,
+        help="requests of a method decoded together (continuous batching, every method; default 1)",
+    )
+
+
 def load_from_args(args: argparse.Namespace):
     from specfold.api import load_model
     from specfold.validation import check_device

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specfold.cli.common import (
     METHOD_DEFAULTS,
+    add_batch_arg,
     add_decode_args,
     add_method_args,
     add_model_args,
@@ -58,9 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
     p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
-    p.add_argument(
-        "--batch-size", type=positive_int, default=1, help="requests decoded together (continuous batching; vanilla)"
-    )
+    add_batch_arg(p)
     p.add_argument(
         "--evalplus-out",
         default=None,

@@ -8,6 +8,7 @@ import sys
 
 from specfold.cli.common import (
     UsageError,
+    add_batch_arg,
     add_decode_args,
     add_model_args,
     add_overwrite_arg,
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--num-shards", type=positive_int, default=1, help="split the samples across processes")
     p.add_argument("--shard-id", type=int, default=0, help="this process's shard (0-based)")
+    add_batch_arg(p)
     add_overwrite_arg(p)
     add_model_args(p)
     add_decode_args(p)
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         small_block_size=args.small_block_size,
         num_shards=args.num_shards,
         shard_id=args.shard_id,
+        batch_size=args.batch_size,
         chat=not args.no_chat,
     )
     if bar is not None:

@@ -7,13 +7,15 @@ Each record carries its provenance (model hash, dtype, device, decoding paramete
 Methods run one after another on the same sample, so machine noise hits them alike (STYLE: compare side by side).
 
 Summary per task and method: accuracy, NFE per sample, generated tokens per forward, tokens/s (total generated
-tokens ÷ total decode seconds), accepted drafts per verification pass, fold ratio — and, relative to vanilla when
-it ran, the NFE and tokens/s ratios of the paper's Table 1.
+tokens ÷ total wall-clock decode seconds: throughput, which at ``batch_size`` R > 1 counts the batch's wall time
+once), latency (mean seconds from a request's admission to its finish), accepted drafts per verification pass,
+fold ratio — and, relative to vanilla when it ran, the NFE and tokens/s ratios of the paper's Table 1.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,7 +162,7 @@ class EvalPlan:
     num_shards: int = 1
     shard_id: int = 0
     chat: bool = True
-    batch_size: int = 1  # requests decoded together (vanilla through decode_batch; drafting methods one at a time)
+    batch_size: int = 1  # requests of a method decoded together (decode_batch, every method)
     sweep: dict[str, Any] | None = None  # a sweep's kind and fixed B / δ (part of every record's provenance)
 
 
@@ -256,31 +258,41 @@ def _warm_up(model: LoadedModel, cfg: DecodeConfig, methods: Iterable[Method]) -
         decode(model, ids, short, verifier=m.verifier, drafter=m.drafter)
 
 
-def _decode_batched(model, cfg, plan: EvalPlan, prepared, work, done) -> dict[str, GenerationResult]:
-    """With ``plan.batch_size > 1``: the pending vanilla samples of each method decoded through one continuous
-    batch, keyed by record key (the records are written in the usual order afterwards)."""
+def _decode_batched(
+    model, cfg, plan: EvalPlan, prepared, work, done
+) -> dict[str, tuple[GenerationResult, float]]:
+    """With ``plan.batch_size > 1``: the pending samples of each method decoded through one continuous batch,
+    keyed by record key (the records are written in the usual order afterwards), each with its share of the
+    batch's wall-clock seconds (wall time ÷ requests)."""
     if plan.batch_size <= 1:
         return {}
     out: dict[str, GenerationResult] = {}
     for spec, method in prepared.items():
-        if method.drafter is not None:
-            continue
         keys, prompts = [], []
         for task, sample, s in work:
             key = record_key({"task": task, "method": s.name, "params": s.params, "sample_id": sample.sample_id})
             if s == spec and key not in done:
                 keys.append(key)
                 prompts.append(encode_prompt(model, sample.prompt, plan.chat))
-        out.update(zip(keys, decode_batch(model, prompts, cfg, method, max_batch=plan.batch_size), strict=True))
+        if not prompts:
+            continue
+        t0 = time.perf_counter()
+        results = decode_batch(model, prompts, cfg, method, max_batch=plan.batch_size)
+        share = (time.perf_counter() - t0) / len(prompts)
+        out.update((k, (r, share)) for k, r in zip(keys, results, strict=True))
     return out
 
 
 def _run_one(
-    model, cfg, method: Method, spec: MethodSpec, task, sample, score, chat, result: GenerationResult | None = None
+    model, cfg, method: Method, spec: MethodSpec, task, sample, score, chat,
+    batched: tuple[GenerationResult, float] | None = None,
 ) -> dict[str, Any]:
     ids = encode_prompt(model, sample.prompt, chat)
-    if result is None:
+    if batched is None:
         result = decode(model, ids, cfg, verifier=method.verifier, drafter=method.drafter)
+        wall = result.seconds
+    else:
+        result, wall = batched
     text = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     stats = result.engine_stats
     rec: dict[str, Any] = {
@@ -294,6 +306,7 @@ def _run_one(
         "nfe_denoise": result.nfe_denoise,
         "generated_tokens": result.generated_tokens,
         "seconds": result.seconds,
+        "wall_seconds": wall,
         "accepted_drafts": result.accepted_drafts,
         "token_ids": result.token_ids,
         "prompt_tokens": len(ids),
@@ -322,7 +335,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str
         for label, recs in by_method.items():
             n = len(recs)
             tokens = sum(r["generated_tokens"] for r in recs)
-            seconds = sum(r["seconds"] for r in recs)
+            seconds = sum(r["seconds"] for r in recs)  # per-request latency (admission to finish)
+            wall = sum(r.get("wall_seconds", r["seconds"]) for r in recs)  # = seconds at batch 1
             nfe = sum(r["nfe"] for r in recs)
             passes = sum(r.get("nfe_denoise", r["nfe"]) for r in recs)
             row: dict[str, Any] = {
@@ -330,7 +344,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str
                 "accuracy": sum(bool(r["correct"]) for r in recs) / n,
                 "nfe_per_sample": nfe / n,
                 "tokens_per_forward": tokens / nfe if nfe else 0.0,
-                "tokens_per_second": tokens / seconds if seconds else 0.0,
+                "tokens_per_second": tokens / wall if wall else 0.0,  # total throughput
+                "latency_seconds": seconds / n,
                 "generated_tokens_per_sample": tokens / n,
             }
             if recs[0]["method"] != "vanilla":
