@@ -8,9 +8,15 @@ import json
 
 from specfold.cli.common import (
     Parser,
+    UsageError,
     delta_list,
+    delta_type,
     float_list,
+    int_list,
+    method_list,
     positive_int,
+    progress_bar,
+    threshold_type,
 )
 from specfold.model.loading import DTYPES
 
@@ -18,9 +24,9 @@ from specfold.model.loading import DTYPES
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="microbenchmarks (bench layer, bench pass)",
-        description="Microbenchmarks; `specfold bench layer` times one dense vs one folded layer, "
-        "`specfold bench pass` one whole verification pass.",
+        help="benchmarks (bench layer, bench pass, bench batch)",
+        description="Benchmarks; `specfold bench layer` times one dense vs one folded layer, "
+        "`specfold bench pass` one whole verification pass, `specfold bench batch` batched decoding.",
     )
     bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH", parser_class=Parser)
     p = bench_sub.add_parser(
@@ -71,6 +77,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=run_pass)
+
+    p = bench_sub.add_parser(
+        "batch",
+        help="batched decoding: throughput and latency over batch sizes, methods side by side",
+        description="A queue of held-out prompts (the first --prompts of the synthetic tasks' test split, spread "
+        "over the tasks) decoded through a continuous batch of at most R requests, for each R of --batch-sizes and "
+        "each method, interleaved (--repeats rounds of the whole grid; medians). Reports total tokens/s (generated "
+        "tokens / wall seconds of the queue), per-request latency p50/p95, NFE, accepted drafts, fold ratio, and "
+        "the share of requests whose tokens equal the method's batch-1 tokens. --shape instead of --model: a "
+        "random-weight model at that real layer shape with --layers layers (the embedded model's draft graph). "
+        "Use --threads 1 and bf16 for steady CPU figures.",
+    )
+    p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the embedded model)")
+    p.add_argument("--shape", default=None, help="random weights at this shape instead (fast-dllm-v2-1.5b, nld-8b…)")
+    p.add_argument("--layers", type=positive_int, default=2, help="layers of the --shape model (default 2)")
+    p.add_argument("--vocab", type=positive_int, default=None, help="vocabulary of the --shape model (default: real)")
+    p.add_argument("--tasks", default="synth-math,synth-code,synth-if", help="tasks whose test prompts are used")
+    p.add_argument("--prompts", type=positive_int, default=48, help="requests in the queue (default 48)")
+    p.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16], help="R values (default 1,4,8,16)")
+    p.add_argument("--methods", type=method_list, default=["vanilla", "spiffy", "specfold"])
+    p.add_argument("--delta", type=delta_type, default=0.1, help="specfold's delta (default 0.1)")
+    p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="generation budget (default 64)")
+    p.add_argument("--threshold", type=threshold_type, default=0.9)
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--repeats", type=positive_int, default=1, help="interleaved rounds of the grid (default 1)")
+    p.add_argument("--json", action="store_true", help="one JSON object per grid point")
+    p.set_defaults(func=run_batch)
 
 
 def run_pass(args: argparse.Namespace) -> int:
@@ -125,4 +159,73 @@ def run(args: argparse.Namespace) -> int:
         for row in rows[:-1]:
             print(json.dumps(row))
         print(json.dumps(rows[-1]))
+    return 0
+
+
+def batch_prompts(model, tasks: list[str], count: int, vocab: int | None = None) -> list[list[int]]:
+    """``count`` test prompts spread over ``tasks`` (round robin), through the chat template; with ``vocab``, ids
+    folded into ``[0, vocab - 2)`` (a random model's ids, the last two being mask and stop)."""
+    from specfold.api import encode_prompt
+    from specfold.eval.harness import load_task
+
+    per_task = -(-count // len(tasks))
+    samples = [load_task(t, "test", per_task).samples for t in tasks]
+    queue = [s[i] for i in range(per_task) for s in samples if i < len(s)][:count]
+    if len(queue) < count:
+        raise UsageError(f"--tasks {','.join(tasks)} hold {len(queue)} test prompts, fewer than --prompts {count}")
+    ids = [encode_prompt(model, s.prompt, True) for s in queue]
+    return ids if vocab is None else [[t % (vocab - 2) for t in p] for p in ids]
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    from specfold.api import decode_config_for, load_model, prepare_method
+    from specfold.bench.batch import BatchBenchConfig, bench_batch, random_shape_model
+    from specfold.model.embedded import EMBEDDED_DIR
+    from specfold.model.loading import parse_dtype
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.shape is not None and args.model is not None:
+        raise UsageError("--shape builds a random model; it does not take --model")
+    bench = BatchBenchConfig(tuple(args.batch_sizes), args.repeats)
+    text_model = load_model(args.model, dtype=args.dtype)
+    graph = None
+    if args.shape is None:
+        model, prompts = text_model, batch_prompts(text_model, tasks, args.prompts)
+    else:
+        model = random_shape_model(args.shape, args.layers, args.vocab, parse_dtype(args.dtype))
+        prompts = batch_prompts(text_model, tasks, args.prompts, model.config.vocab_size)
+        graph = EMBEDDED_DIR / "draft_graph.json"
+    cfg = decode_config_for(model, args.max_new_tokens, args.threshold, None, "auto", None)
+    methods = {}
+    for name in args.methods:
+        options = {"delta": args.delta, "backend": args.backend} if name == "specfold" else {}
+        if name != "vanilla" and graph is not None:
+            options["graph"] = graph
+        methods[name] = prepare_method(model, name, cfg.small_block_size, block_size=cfg.block_size, **options)
+    bar = progress_bar(len(bench.batch_sizes) * len(methods) * bench.repeats, "bench batch")
+
+    def progress(p) -> None:
+        bar.set_postfix_str(f"{p.method} R={p.batch_size} {p.tokens_per_second:.1f} tok/s", refresh=False)
+        bar.update(p.done - bar.n)
+
+    points = bench_batch(model, prompts, cfg, methods, bench, progress)
+    bar.close()
+    label = args.shape and f"random {args.shape} x{args.layers}L" or model.name
+    if args.json:
+        for pt in points:
+            print(json.dumps({"model": label, "dtype": args.dtype, "delta": args.delta, **pt.as_dict()}))
+        return 0
+    print(f"{label}, {args.dtype}, {len(prompts)} prompts, max {args.max_new_tokens} new tokens, delta {args.delta}")
+    base = {(p.method, p.batch_size): p for p in points}
+    print(f"{'R':>3} {'method':<9} {'tok/s':>8} {'vs R=1':>7} {'vs spiffy':>9} {'p50 s':>7} {'p95 s':>7} "
+          f"{'NFE':>6} {'acc':>5} {'fold':>5} {'agree':>6}")
+    for p in points:
+        one = base.get((p.method, 1))
+        sp = base.get(("spiffy", p.batch_size))
+        fr = "-" if p.fold_ratio is None else f"{p.fold_ratio:.2f}"
+        print(f"{p.batch_size:>3} {p.method:<9} {p.tokens_per_second:>8.1f} "
+              f"{p.tokens_per_second / one.tokens_per_second if one else float('nan'):>7.2f} "
+              f"{p.tokens_per_second / sp.tokens_per_second if sp else float('nan'):>9.2f} "
+              f"{p.latency_p50:>7.2f} {p.latency_p95:>7.2f} {p.nfe:>6} {p.accepted_drafts:>5} {fr:>5} "
+              f"{p.agreement:>6.2f}")
     return 0

@@ -94,6 +94,13 @@ def id_list(text: str) -> list[int]:
     return ids
 
 
+def int_list(text: str) -> list[int]:
+    values = [positive_int(t.strip()) for t in text.split(",") if t.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
 def float_list(text: str) -> list[float]:
     return [non_negative_float(t) for t in text.split(",") if t.strip()]
 

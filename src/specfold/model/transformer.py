@@ -24,6 +24,7 @@ from torch import nn
 from specfold.config import ModelConfig
 from specfold.model.attention import AttnState, attend, attend_prefill, attend_ragged, block_bias
 from specfold.model.cache import BatchCache, PrefixCache
+from specfold.model.linear import linear
 from specfold.model.rope import Rotary, apply_rotary
 
 # NOTE: measured on CPU (README, "Long prompts"): 1024 rows per chunk is as fast as one-shot at 4k prompts and keeps
@@ -77,7 +78,7 @@ class Layer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """RMSNorm -> fused QKV GEMM -> RoPE (-> query scale). Returns q ``[R, Hq, D]``, k, v ``[R, Hkv, D]``."""
         x = rms_norm(h, self.input_norm, self.eps)
-        qkv = F.linear(x, self.wqkv, self.bqkv)
+        qkv = linear(x, self.wqkv, self.bqkv)
         q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q = apply_rotary(q.view(-1, self.hq, self.d), cos, sin)
         k = apply_rotary(k.view(-1, self.hkv, self.d), cos, sin)
@@ -87,13 +88,13 @@ class Layer(nn.Module):
 
     def attn_out(self, o: torch.Tensor) -> torch.Tensor:
         """o: ``[R, Hq, D]`` (model dtype). Returns ``[R, E]``."""
-        return F.linear(o.reshape(o.shape[0], -1), self.wo)
+        return linear(o.reshape(o.shape[0], -1), self.wo)
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """h: ``[R, E]`` post-attention residual. RMSNorm -> fused gate/up -> SiLU·mul -> down. Returns ``[R, E]``."""
         x = rms_norm(h, self.post_norm, self.eps)
-        gate, up = F.linear(x, self.w_gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.w_down)
+        gate, up = linear(x, self.w_gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.w_down)
 
 
 class DLLM(nn.Module):
@@ -131,7 +132,7 @@ class DLLM(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: ``[..., E]`` last hidden state. Returns raw (unshifted) rows ``[..., V]``."""
-        return F.linear(rms_norm(h, self.final_norm, self.cfg.rms_norm_eps), self.head_weight())
+        return linear(rms_norm(h, self.final_norm, self.cfg.rms_norm_eps), self.head_weight())
 
     def position_logits(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw rows ``[B, T, V]`` -> logits per block position. Fast-dLLM-v2 is shifted: position ``i`` is read

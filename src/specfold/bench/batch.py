@@ -1,0 +1,153 @@
+"""Batch benchmark: total throughput and per-request latency of :func:`~specfold.decoding.batch.decode_batch` over
+a grid of batch sizes, methods side by side.
+
+Used by ``specfold bench batch``. Every grid point decodes the same prompts: a queue of ``len(prompts)`` requests
+streams through a continuous batch of at most ``R``. Points run interleaved — for each repeat, for each ``R``,
+every method — so machine noise hits them alike; a point's figures are the medians over its repeats. Per point:
+total throughput (generated tokens ÷ wall seconds of the whole queue), per-request latency (admission to finish:
+p50, p95, mean), NFE and accepted drafts summed over the requests, the fold ratio, and ``agreement``: the fraction
+of requests whose tokens equal that method's batch-1 tokens (1.0 by construction at ``R = 1``; exact equality is
+the fp64 tests' claim, this measures it at the benchmark's dtype).
+
+:func:`random_shape_model` builds the "real layer shape" model of the batch benchmark: random weights at a named
+shape of :data:`~specfold.bench.layer.SHAPES` with a few layers (and, optionally, a smaller vocabulary), so the
+GEMMs are in the weight-streaming regime of the real model while a run still fits on a CPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specfold.config import DecodeConfig, ModelConfig
+from specfold.decoding.batch import decode_batch
+from specfold.decoding.decoder import GenerationResult
+from specfold.engine.base import fold_ratio
+from specfold.model.loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class BatchBenchConfig:
+    batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
+    repeats: int = 1  # interleaved repeats of the whole grid; figures are medians over them
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or any(b <= 0 for b in self.batch_sizes):
+            raise ValueError(f"batch sizes must be positive integers, got {list(self.batch_sizes)}")
+        if self.repeats <= 0:
+            raise ValueError(f"repeats must be positive, got {self.repeats}")
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    method: str
+    batch_size: int
+    requests: int
+    generated_tokens: int
+    wall_seconds: float  # median over repeats: the whole queue, first admission to last finish
+    wall_spread: float  # max - min over repeats
+    tokens_per_second: float  # generated_tokens / wall_seconds: total throughput
+    latency_p50: float  # per-request seconds (admission to finish), of the median-wall repeat
+    latency_p95: float
+    latency_mean: float
+    nfe: int  # summed over the requests
+    accepted_drafts: int
+    fold_ratio: float | None  # attention gate, over every request's passes; None without folding
+    agreement: float  # fraction of requests with the method's batch-1 tokens
+    repeats: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BatchBenchProgress:
+    done: int
+    total: int
+    method: str
+    batch_size: int
+    tokens_per_second: float
+
+
+def _percentile(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def bench_batch(
+    model: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    cfg: DecodeConfig,
+    methods: dict[str, object],  # name -> a method (``verifier``/``drafter`` attributes, e.g. api.Method)
+    bench: BatchBenchConfig,
+    progress: Callable[[BatchBenchProgress], None] | None = None,
+) -> list[BatchPoint]:
+    """The grid's points in (batch size, method) order. One short decode per method first (warm-up)."""
+    if not prompts:
+        raise ValueError("the batch benchmark needs at least one prompt")
+    for m in methods.values():  # warm-up: first-call overheads stay out of the timings
+        decode_batch(model, [list(prompts[0])], cfg, m, max_batch=1)
+    runs: dict[tuple[str, int], list[tuple[float, list[GenerationResult]]]] = {}
+    total, done = bench.repeats * len(bench.batch_sizes) * len(methods), 0
+    for _ in range(bench.repeats):
+        for r in bench.batch_sizes:
+            for name, m in methods.items():
+                t0 = time.perf_counter()
+                results = decode_batch(model, [list(p) for p in prompts], cfg, m, max_batch=r)
+                wall = time.perf_counter() - t0
+                runs.setdefault((name, r), []).append((wall, results))
+                done += 1
+                if progress is not None:
+                    tokens = sum(x.generated_tokens for x in results)
+                    progress(BatchBenchProgress(done, total, name, r, tokens / wall))
+    points = []
+    for r in bench.batch_sizes:
+        for name in methods:
+            reps = sorted(runs[name, r], key=lambda x: x[0])
+            wall, results = reps[len(reps) // 2]
+            base = runs[name, 1][0][1] if 1 in bench.batch_sizes else None
+            lat = [x.seconds for x in results]
+            stats: dict[str, float] = {}
+            for x in results:
+                for key, v in x.engine_stats.items():
+                    stats[key] = stats.get(key, 0.0) + v
+            tokens = sum(x.generated_tokens for x in results)
+            agree = (sum(a.token_ids == b.token_ids for a, b in zip(results, base, strict=True)) / len(results)
+                     if base is not None else float("nan"))
+            points.append(BatchPoint(
+                method=name, batch_size=r, requests=len(results), generated_tokens=tokens, wall_seconds=wall,
+                wall_spread=reps[-1][0] - reps[0][0], tokens_per_second=tokens / wall,
+                latency_p50=_percentile(lat, 0.5), latency_p95=_percentile(lat, 0.95),
+                latency_mean=statistics.fmean(lat), nfe=sum(x.nfe for x in results),
+                accepted_drafts=sum(x.accepted_drafts for x in results),
+                fold_ratio=fold_ratio(stats) if stats.get("draft_triples") else None, agreement=agree,
+                repeats=len(reps),
+            ))
+    return points
+
+
+def random_shape_model(
+    shape: str, layers: int, vocab: int | None = None, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> LoadedModel:
+    """Random weights at ``shape`` (:data:`~specfold.bench.layer.SHAPES`) with ``layers`` layers and ``vocab``
+    entries (default: the shape's real vocabulary); the last two ids are mask and stop."""
+    from specfold.bench.layer import SHAPES
+    from specfold.model.random_checkpoint import random_config, random_model
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    s = SHAPES[shape]
+    v = vocab or s.vocab
+    family = "fast_dllm_v2" if s.qkv_bias else "nld"
+    cfg = ModelConfig.from_dict(random_config(
+        family, vocab_size=v, hidden_size=s.hidden, num_heads=s.heads, num_kv_heads=s.kv_heads, num_layers=layers,
+        intermediate_size=s.ffn, mask_token_id=v - 1, eos_token_id=v - 2,
+    ))
+    net = random_model(cfg, seed=seed).to(dtype).eval()
+    return LoadedModel(net=net, config=cfg, tokenizer=None, mask_id=v - 1, stop_id=v - 2,
+                       path=Path(f"random:{shape}:{layers}L"))
