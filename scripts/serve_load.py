@@ -22,7 +22,8 @@ Throughput figures (all "generated tokens"):
 * ``server_tokens_per_second`` = total generated tokens ÷ wall seconds from the first submit to the last answer
   (the load the clients saw: HTTP, SSE, queueing, batching);
 * ``eval_tokens_per_second`` = the same tokens ÷ the wall seconds of eval's one continuous-batch decode
-  (``decode_batch``, timed inside the eval process; model loading and eval's warm-up left out);
+  (``decode_batch``, timed inside the eval process; model loading and eval's warm-up left out); eval batches
+  vanilla only, so for spiffy / specfold it is the sum of eval's one-at-a-time decode seconds;
 * ``ratio`` = server ÷ eval;
 * ``*_per_request_tokens_per_second``: eval's own summary figure (Σ tokens ÷ Σ per-request decode seconds, which
   with batching is the rate of one request's stream, not the total) and the server's figure by the same rule from
@@ -87,12 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("load")
-    g.add_argument("--clients", type=positive_int, default=32, help="concurrent streaming clients (default 32)")
+    g.add_argument("--clients", metavar="N", type=positive_int, default=32,
+                   help="concurrent streaming clients (default 32)")
     g.add_argument(
-        "--requests-per-client", type=positive_int, default=4,
+        "--requests-per-client", metavar="N", type=positive_int, default=4,
         help="requests each client sends, one after another (default 4)",
     )
-    g.add_argument("--task", default="synth-math", help="eval task whose prompts are sent (default synth-math)")
+    g.add_argument("--task", metavar="TASK", default="synth-math",
+                   help="eval task whose prompts are sent (default synth-math)")
     g.add_argument("--split", default="test", help="its split (default test)")
     g.add_argument(
         "--endpoint", choices=["chat", "completions"], default="chat",
@@ -101,27 +104,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--no-chat", action="store_true", help="no chat template: raw prompt text, eval --no-chat")
     g.add_argument(
-        "--timeout", type=float, default=600.0,
-        help="seconds for the whole load phase and, separately, for the eval run (default 600); "
-        "requests still open then count as lost",
+        "--timeout", metavar="S", type=float, default=600.0,
+        help="seconds for the whole load phase (default 600): requests still open then are cancelled and count "
+        "as lost",
     )
     s = p.add_argument_group("server and eval (the same settings for both)")
-    s.add_argument("--max-batch", type=positive_int, default=8,
+    s.add_argument("--max-batch", metavar="N", type=positive_int, default=8,
                    help="serve --max-batch and eval --batch-size (default 8)")
-    s.add_argument("--max-queue", type=int, default=None,
+    s.add_argument("--max-queue", metavar="N", type=int, default=None,
                    help="serve --max-queue (default: enough for every client, so none gets 429)")
     s.add_argument("--method", choices=["vanilla", "spiffy", "specfold"], default="vanilla",
                    help="decoding method (default vanilla; eval batches vanilla only, so compare vanilla)")
-    s.add_argument("--delta", type=float, default=None, help="specfold δ (server and eval)")
-    s.add_argument("--max-tokens", type=positive_int, default=64,
+    s.add_argument("--delta", metavar="D", type=float, default=None, help="specfold δ (server and eval)")
+    s.add_argument("--max-tokens", metavar="N", type=positive_int, default=64,
                    help="max_tokens of every request = eval --max-new-tokens (default 64)")
     s.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the embedded model)")
     s.add_argument("--dtype", default=None, help="serve/eval --dtype (default: theirs, fp32)")
     s.add_argument("--device", default=None, help="serve/eval --device (default: theirs, cpu)")
-    s.add_argument("--threads", type=positive_int, default=1,
+    s.add_argument("--threads", metavar="N", type=positive_int, default=1,
                    help="specfold --threads for the server and for eval (default 1: comparable figures, and "
                    "the clients keep a core of their own)")
-    s.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for /health (120)")
+    s.add_argument("--startup-timeout", metavar="S", type=float, default=120.0,
+                   help="seconds to wait for /health, and for the warm-up request (120)")
+    s.add_argument("--eval-timeout", metavar="S", type=float, default=600.0, help="seconds for the eval run (600)")
+    s.add_argument("--no-eval", action="store_true", help="the load test only (no eval run, no comparison)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="also write the JSON line to this file")
     o.add_argument("--eval-out", default=None, help="keep eval's JSONL records here (default: a temporary file)")
@@ -295,7 +301,7 @@ async def run_clients(args: argparse.Namespace, url: str, model: str, prompts: l
         http_client=httpx.AsyncClient(limits=limits, timeout=args.timeout),
     ) as client:
         warm = Answer("warm-up", -1, time.perf_counter())
-        await one_request(client, args, model, prompts[0], warm)
+        await one_request(client.with_options(timeout=args.startup_timeout), args, model, prompts[0], warm)
         if not warm.answered:
             raise RuntimeError(f"the warm-up request failed: {warm.error or warm.finishes}")
 
@@ -316,8 +322,11 @@ async def run_clients(args: argparse.Namespace, url: str, model: str, prompts: l
             await asyncio.gather(*pending, return_exceptions=True)
         ends = [a.last_chunk for a in answers if a is not None and a.last_chunk is not None]
         wall = (max(ends) if ends else time.perf_counter()) - t0
-        for a in answers:
-            if a is not None and not a.answered and a.error is None:
+        for i, a in enumerate(answers):
+            if a is None:
+                c, r = divmod(i, args.requests_per_client)
+                answers[i] = Answer(f"c{c}r{r}", i, t0, error=f"not sent within the {args.timeout:g} s timeout")
+            elif not a.answered and a.error is None:
                 a.error = f"no answer within the {args.timeout:g} s timeout"
         return answers, wall
 
@@ -336,21 +345,21 @@ def run_eval(args: argparse.Namespace, n: int, out: Path) -> tuple[dict[str, dic
         cmd += ["--delta", str(args.delta)]
     if args.no_chat:
         cmd.append("--no-chat")
-    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=args.eval_timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"specfold eval exited with {proc.returncode}: {proc.stderr[-2000:]}")
     seconds = None
     for line in proc.stderr.splitlines():
         if line.startswith('{"decode_batch_seconds"'):
             seconds = json.loads(line)["decode_batch_seconds"]
-    if seconds is None:
-        raise RuntimeError("specfold eval did not decode through one batch (is the method batched by eval?)")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     row = next(iter(summary[args.task].values()))
     records = {}
     for line in out.read_text().splitlines():
         rec = json.loads(line)
         records[rec["sample_id"]] = rec
+    if seconds is None:  # eval batches vanilla only: the others decode one at a time, each timed
+        seconds = sum(r["seconds"] for r in records.values())
     return records, seconds, row
 
 
@@ -398,7 +407,7 @@ def tokenizer(args: argparse.Namespace):
 
 def report(args, prompts, answers, wall, health, server_exit, eval_records, eval_seconds, eval_row) -> dict:
     n = len(prompts)
-    done = [a for a in answers if a is not None and a.answered]
+    done = [a for a in answers if a.answered]
     job_ids: dict[str, int] = {}
     for a in done:
         for rid in a.response_ids:
@@ -417,10 +426,10 @@ def report(args, prompts, answers, wall, health, server_exit, eval_records, eval
         if rec is not None:
             agree += a.token_ids == rec["token_ids"]
             prompt_agree += a.prompt_tokens == rec["prompt_tokens"]
-    eval_tokens = sum(r["generated_tokens"] for r in eval_records.values())
+    eval_tokens = sum(r["generated_tokens"] for r in eval_records.values()) if eval_records else None
     server_tps = tokens / wall if wall > 0 else None
     eval_tps = eval_tokens / eval_seconds if eval_seconds else None
-    errors = [f"{a.tag}: {a.error}" for a in answers if a is not None and a.error]
+    errors = [f"{a.tag}: {a.error}" for a in answers if a.error]
     counters_ok = (
         health is not None and health.get("finished") == health.get("submitted") == n + 1
         and not health.get("cancelled") and not health.get("failed") and not health.get("rejected")
@@ -457,8 +466,8 @@ def report(args, prompts, answers, wall, health, server_exit, eval_records, eval
         "ratio": server_tps / eval_tps if server_tps and eval_tps else None,
         "server_per_request_tokens_per_second": tokens / decode_seconds if decode_seconds else None,
         "eval_per_request_tokens_per_second": eval_row.get("tokens_per_second"),
-        "token_agreement": agree,
-        "prompt_tokens_agreement": prompt_agree,
+        "token_agreement": agree if eval_records else None,
+        "prompt_tokens_agreement": prompt_agree if eval_records else None,
         "errors": errors[:10],
     }
     result["ok"] = bool(
@@ -472,6 +481,9 @@ def table(r: dict) -> str:
     def f(v, spec=".3f"):
         return "-" if v is None else format(v, spec)
 
+    def d(v):
+        return "-" if v is None else str(v)
+
     rows = [
         ("requests / answered / lost / duplicated", f"{r['requests']} / {r['answered']} / {r['lost']} / "
          f"{r['duplicates']}"),
@@ -480,13 +492,13 @@ def table(r: dict) -> str:
         ("latency p50 / p95 / max (s)", f"{f(r['latency_p50_s'])} / {f(r['latency_p95_s'])} / "
          f"{f(r['latency_max_s'])}"),
         ("time to first token p50 / p95 (s)", f"{f(r['ttft_p50_s'])} / {f(r['ttft_p95_s'])}"),
-        ("generated tokens: server / eval", f"{r['generated_tokens']} / {r['eval_generated_tokens']}"),
+        ("generated tokens: server / eval", f"{r['generated_tokens']} / {d(r['eval_generated_tokens'])}"),
         ("wall (s): server load / eval batch", f"{f(r['wall_s'])} / {f(r['eval_decode_s'])}"),
         ("total tokens/s: server / eval (ratio)", f"{f(r['server_tokens_per_second'], '.1f')} / "
          f"{f(r['eval_tokens_per_second'], '.1f')} ({f(r['ratio'], '.2f')})"),
         ("per-request tokens/s: server / eval", f"{f(r['server_per_request_tokens_per_second'], '.1f')} / "
          f"{f(r['eval_per_request_tokens_per_second'], '.1f')}"),
-        ("same tokens as eval / same prompt length", f"{r['token_agreement']} / {r['prompt_tokens_agreement']} "
+        ("same tokens as eval / same prompt length", f"{d(r['token_agreement'])} / {d(r['prompt_tokens_agreement'])} "
          f"of {r['answered']}"),
     ]
     w = max(len(k) for k, _ in rows)
@@ -518,8 +530,9 @@ def main(argv: list[str] | None = None) -> int:
             server_exit = server.stop()
         if server_exit != 0:
             print(f"server log tail:\n{server.log_tail()}", file=sys.stderr)
-        eval_out = Path(args.eval_out or Path(tmp) / "eval.jsonl")
-        records, eval_seconds, eval_row = run_eval(args, n, eval_out)
+        records, eval_seconds, eval_row = {}, None, {}
+        if not args.no_eval:
+            records, eval_seconds, eval_row = run_eval(args, n, Path(args.eval_out or Path(tmp) / "eval.jsonl"))
         result = report(args, prompts, answers, wall, health, server_exit, records, eval_seconds, eval_row)
     line = json.dumps(result)
     print(table(result), file=sys.stderr)
