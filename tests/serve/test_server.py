@@ -231,3 +231,21 @@ def test_concurrent_requests_each_get_their_own_answer(client, model):
             prompts,
         ))
     assert answers == [generate(model, p, max_new_tokens=MAX_TOKENS, chat=False).token_ids for p in prompts]
+
+
+def test_specfold_without_delta_takes_the_default_delta(client):
+    # the server was started without --delta: a request naming specfold alone decodes at δ = 0.1
+    r = client.completions.create(model="embedded", prompt=PROMPTS[0], max_tokens=8, extra_body={"method": "specfold"})
+    assert (ext(r)["method"], ext(r)["delta"]) == ("specfold", 0.1)
+
+
+def test_a_specfold_server_without_delta_serves_at_the_default_delta():
+    from tests.serve.conftest import start_server
+
+    srv = start_server("--method", "specfold", "--max-batch", "2")
+    try:
+        c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        x = ext(c.completions.create(model="embedded", prompt=PROMPTS[0], max_tokens=8))
+        assert (x["method"], x["delta"]) == ("specfold", 0.1) and 0.0 <= x["fold_ratio"] <= 1.0
+    finally:
+        assert srv.stop() == 0

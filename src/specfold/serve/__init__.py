@@ -17,6 +17,8 @@ from specfold.model.loading import LoadedModel
 
 __all__ = ["ServerConfig", "build_app", "serve"]
 
+DEFAULT_DELTA = 0.1  # specfold's δ when neither the server nor the request gives one
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -24,7 +26,7 @@ class ServerConfig:
     port: int = 8000
     model_name: str | None = None  # the id clients name (default: the checkpoint directory's name)
     method: str = "vanilla"  # the default method; a request may ask for another
-    delta: float = 0.1  # specfold's default δ
+    delta: float | None = DEFAULT_DELTA  # specfold's default δ (None: DEFAULT_DELTA)
     max_batch: int = 8  # requests decoded together
     max_queue: int = 64  # requests waiting beyond them; more get 429
     max_tokens: int = 256  # a request's default max_tokens
@@ -54,10 +56,11 @@ def build_app(model: LoadedModel, config: ServerConfig):
             raise
         graph = None  # no draft graph: the server decodes vanilla only
     options = MethodOptions(graph, config.backend, config.ffn, config.attention)
-    default = MethodKey(config.method, config.delta if config.method == "specfold" else None)
+    delta = DEFAULT_DELTA if config.delta is None else config.delta  # the CLI passes None when --delta is not given
+    default = MethodKey(config.method, delta if config.method == "specfold" else None)
     engine = ServeEngine(model, EngineSettings(cfg, default, options, config.max_batch, config.max_queue))
     name = config.model_name or model.path.name
-    return create_app(model, engine, AppSettings(name, config.max_tokens, config.delta))
+    return create_app(model, engine, AppSettings(name, config.max_tokens, delta))
 
 
 def serve(model: LoadedModel, config: ServerConfig) -> None:
