@@ -21,13 +21,12 @@ Throughput figures (all "generated tokens"):
 
 * ``server_tokens_per_second`` = total generated tokens ÷ wall seconds from the first submit to the last answer
   (the load the clients saw: HTTP, SSE, queueing, batching);
-* ``eval_tokens_per_second`` = the same tokens ÷ the wall seconds of eval's one continuous-batch decode
-  (``decode_batch``, timed inside the eval process; model loading and eval's warm-up left out); eval batches
-  vanilla only, so for spiffy / specfold it is the sum of eval's one-at-a-time decode seconds;
+* ``eval_tokens_per_second`` = the same tokens ÷ the wall seconds of eval's continuous-batch decode (the records'
+  ``wall_seconds`` summed: model loading and eval's warm-up left out), eval's summary ``tokens_per_second``;
 * ``ratio`` = server ÷ eval;
-* ``*_per_request_tokens_per_second``: eval's own summary figure (Σ tokens ÷ Σ per-request decode seconds, which
-  with batching is the rate of one request's stream, not the total) and the server's figure by the same rule from
-  its ``decode_seconds``.
+* ``*_per_request_tokens_per_second``: Σ tokens ÷ Σ per-request decode seconds (with batching the rate of one
+  request's stream, not the total), for eval from its records' ``seconds`` and for the server from its
+  ``decode_seconds``.
 
 The prompts go through the chat endpoint as one user message, which the server turns into the same token ids as
 eval's chat template (``--endpoint completions`` sends eval's token ids instead; ``--no-chat`` sends the raw
@@ -58,21 +57,6 @@ from types import SimpleNamespace
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # `specfold eval` with its one batched decode timed: the real command, plus one JSON line on stderr.
-EVAL_TIMED = """
-import json, sys, time
-import specfold.eval.harness as harness
-inner = harness.decode_batch
-def timed(*args, **kwargs):
-    t0 = time.perf_counter()
-    out = inner(*args, **kwargs)
-    print(json.dumps({"decode_batch_seconds": time.perf_counter() - t0}), file=sys.stderr, flush=True)
-    return out
-harness.decode_batch = timed
-from specfold.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -114,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", metavar="N", type=int, default=None,
                    help="serve --max-queue (default: enough for every client, so none gets 429)")
     s.add_argument("--method", choices=["vanilla", "spiffy", "specfold"], default="vanilla",
-                   help="decoding method (default vanilla; eval batches vanilla only, so compare vanilla)")
+                   help="decoding method (default vanilla; eval batches every method the same way)")
     s.add_argument("--delta", metavar="D", type=float, default=None, help="specfold δ (server and eval)")
     s.add_argument("--max-tokens", metavar="N", type=positive_int, default=64,
                    help="max_tokens of every request = eval --max-new-tokens (default 64)")
@@ -337,7 +321,7 @@ async def run_clients(args: argparse.Namespace, url: str, model: str, prompts: l
 def run_eval(args: argparse.Namespace, n: int, out: Path) -> tuple[dict[str, dict], float, dict]:
     """Eval's records by sample id, its batched-decode wall seconds, and its summary row."""
     cmd = [
-        sys.executable, "-c", EVAL_TIMED, "--threads", str(args.threads), "eval", "--tasks", args.task,
+        sys.executable, "-m", "specfold.cli", "--threads", str(args.threads), "eval", "--tasks", args.task,
         "--split", args.split, "--limit", str(n), "--batch-size", str(args.max_batch), "--methods", args.method,
         "--out", str(out), "--overwrite", "--json", *shared_args(args),
     ]
@@ -348,18 +332,15 @@ def run_eval(args: argparse.Namespace, n: int, out: Path) -> tuple[dict[str, dic
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=args.eval_timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"specfold eval exited with {proc.returncode}: {proc.stderr[-2000:]}")
-    seconds = None
-    for line in proc.stderr.splitlines():
-        if line.startswith('{"decode_batch_seconds"'):
-            seconds = json.loads(line)["decode_batch_seconds"]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     row = next(iter(summary[args.task].values()))
     records = {}
     for line in out.read_text().splitlines():
         rec = json.loads(line)
         records[rec["sample_id"]] = rec
-    if seconds is None:  # eval batches vanilla only: the others decode one at a time, each timed
-        seconds = sum(r["seconds"] for r in records.values())
+    seconds = sum(r["wall_seconds"] for r in records.values())  # the batch's wall time, shared out per record
+    row["per_request_tokens_per_second"] = (sum(r["generated_tokens"] for r in records.values())
+                                            / sum(r["seconds"] for r in records.values()))
     return records, seconds, row
 
 
@@ -465,7 +446,7 @@ def report(args, prompts, answers, wall, health, server_exit, eval_records, eval
         "eval_tokens_per_second": eval_tps,
         "ratio": server_tps / eval_tps if server_tps and eval_tps else None,
         "server_per_request_tokens_per_second": tokens / decode_seconds if decode_seconds else None,
-        "eval_per_request_tokens_per_second": eval_row.get("tokens_per_second"),
+        "eval_per_request_tokens_per_second": eval_row.get("per_request_tokens_per_second"),
         "token_agreement": agree if eval_records else None,
         "prompt_tokens_agreement": prompt_agree if eval_records else None,
         "errors": errors[:10],
