@@ -37,23 +37,26 @@ RECORDS = [
 # denoise passes = 1; folded 150 of 400 draft triples = 0.375 (FFN gate: 160 of 400 = 0.4); guard 1 + 2.
 # spiffy: NFE 9, 27 / 9 = 3 tok/fwd,
 # 27 / 1.8 = 15 tok/s, 3 accepted over 6 passes. Ratios to vanilla: NFE 6 / 12, 9 / 12; tok/s 24 / 12, 15 / 12.
-# synth-code specfold: 10 accepted over 5 passes (no nfe_denoise: the NFE), 0 s -> 0 tok/s.
+# synth-code specfold: 10 accepted over 5 passes (no nfe_denoise: the NFE), 0 s -> 0 tok/s. Latency: mean seconds
+# per sample (2.0, 1.0, 1.8, 0.0). No record has wall_seconds (batch 1): throughput uses seconds.
 WANT = {
     "synth-math": {
         "vanilla": {"n": 2, "accuracy": 0.5, "nfe_per_sample": 12.0, "tokens_per_forward": 2.0,
-                    "tokens_per_second": 12.0, "generated_tokens_per_sample": 24.0, "nfe_vs_vanilla": 1.0,
+                    "tokens_per_second": 12.0, "latency_seconds": 2.0, "generated_tokens_per_sample": 24.0,
+                    "nfe_vs_vanilla": 1.0,
                     "tps_vs_vanilla": 1.0},
         SPEC: {"n": 2, "accuracy": 1.0, "nfe_per_sample": 6.0, "tokens_per_forward": 4.0, "tokens_per_second": 24.0,
-               "generated_tokens_per_sample": 24.0, "accepted_per_step": 1.0, "fold_ratio": 0.375,
-               "ffn_fold_ratio": 0.4,
+               "latency_seconds": 1.0, "generated_tokens_per_sample": 24.0, "accepted_per_step": 1.0,
+               "fold_ratio": 0.375, "ffn_fold_ratio": 0.4,
                "guard_fallbacks": 3.0, "nfe_vs_vanilla": 0.5, "tps_vs_vanilla": 2.0},
         "spiffy": {"n": 1, "accuracy": 0.0, "nfe_per_sample": 9.0, "tokens_per_forward": 3.0,
-                   "tokens_per_second": 15.0, "generated_tokens_per_sample": 27.0, "accepted_per_step": 0.5,
+                   "tokens_per_second": 15.0, "latency_seconds": 1.8, "generated_tokens_per_sample": 27.0,
+                   "accepted_per_step": 0.5,
                    "nfe_vs_vanilla": 0.75, "tps_vs_vanilla": 1.25},
     },
     "synth-code": {
         SPEC: {"n": 1, "accuracy": 1.0, "nfe_per_sample": 5.0, "tokens_per_forward": 2.0, "tokens_per_second": 0.0,
-               "generated_tokens_per_sample": 10.0, "accepted_per_step": 2.0},
+               "latency_seconds": 0.0, "generated_tokens_per_sample": 10.0, "accepted_per_step": 2.0},
     },
 }
 
