@@ -1,0 +1,56 @@
+"""bench batch: its figures are consistent with the decodes it ran (not timings), in fp64 on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specfold.api import load_model, prepare_method
+from specfold.bench.batch import BatchBenchConfig, bench_batch, random_shape_model
+from specfold.config import DecodeConfig
+from specfold.decoding.decoder import decode
+
+
+def test_points_match_the_batch_one_decodes(fd_ckpt):
+    model = load_model(fd_ckpt, dtype="fp64")
+    n = model.config.block_size
+    cfg = DecodeConfig(block_size=n, small_block_size=n // 2, threshold=0.5, max_new_tokens=n)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 200, (t,), generator=g).tolist() for t in (3, n, n + 5)]
+    methods = {"vanilla": prepare_method(model, "vanilla")}
+    points = bench_batch(model, prompts, cfg, methods, BatchBenchConfig((1, 2), repeats=2))
+    assert [(p.method, p.batch_size) for p in points] == [("vanilla", 1), ("vanilla", 2)]
+    alone = [decode(model, p, cfg) for p in prompts]
+    for p in points:
+        assert p.requests == 3 and p.repeats == 2 and p.agreement == 1.0  # fp64: the batch is batch 1, exactly
+        assert p.generated_tokens == sum(r.generated_tokens for r in alone)
+        assert p.nfe == sum(r.nfe for r in alone) and p.accepted_drafts == 0 and p.fold_ratio is None
+        assert p.tokens_per_second == pytest.approx(p.generated_tokens / p.wall_seconds)
+        assert 0 < p.latency_p50 <= p.latency_p95 <= p.wall_seconds
+    with pytest.raises(ValueError, match="batch sizes must be positive"):
+        BatchBenchConfig((0,))
+
+
+def test_random_shape_model_has_the_shape():
+    model = random_shape_model("nld-8b", layers=1, vocab=64, dtype=torch.float32)
+    c = model.config
+    assert (c.hidden_size, c.num_heads, c.num_kv_heads, c.intermediate_size, c.num_layers, c.vocab_size) == (
+        4096, 32, 8, 14336, 1, 64)
+    assert (model.mask_id, model.stop_id) == (63, 62)
+    with pytest.raises(ValueError, match="unknown shape"):
+        random_shape_model("gpt-5", layers=1)
+
+
+def test_cli_bench_batch_json(capsys):
+    from specfold.cli import main
+
+    assert main(["bench", "batch", "--prompts", "2", "--batch-sizes", "1,2", "--methods", "vanilla,spiffy",
+                 "--max-new-tokens", "8", "--dtype", "fp32", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["method"], r["batch_size"]) for r in rows] == [("vanilla", 1), ("spiffy", 1), ("vanilla", 2),
+                                                                ("spiffy", 2)]
+    assert all(r["requests"] == 2 and r["model"] == "embedded" for r in rows)
+    by = {(r["method"], r["batch_size"]): r for r in rows}
+    assert by["spiffy", 1]["generated_tokens"] == by["vanilla", 1]["generated_tokens"]  # lossless: same tokens
