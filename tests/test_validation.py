@@ -347,3 +347,11 @@ def test_atomic_output_replaces_whole_or_not_at_all(tmp_path):
 def test_graph_files_are_written_atomically(tmp_path):
     path = graph_file(tmp_path, ["(1,1)"])
     assert DraftGraph.load(path).strings() == ["", "(1,1)"] and [p.name for p in tmp_path.iterdir()] == ["graph.json"]
+
+
+def test_plot_of_records_without_a_drafting_method_is_refused(capsys, cwd):
+    path = cwd / "vanilla.jsonl"
+    path.write_text(json.dumps(sweep_records(None, deltas=())[0]) + "\n")  # a vanilla-only eval record
+    one_line_error(capsys, ["plot", "budget", "--records", str(path), "--out", "fig.png"],
+                   "the records hold no budget sweep: not one spiffy or specfold record")
+    assert [p.name for p in cwd.iterdir()] == ["vanilla.jsonl"]

@@ -244,8 +244,10 @@ COMMANDS = ["generate", "demo", "eval", "serve", "sweep", "plot", "analyze", "me
             "bench", "train", "init-random"]
 
 
-@pytest.mark.parametrize("argv", [[c] for c in COMMANDS] + [["analyze", "residuals"], ["bench", "layer"], ["bench", "batch"]],
-                         ids=lambda a: " ".join(a))
+SUBCOMMANDS = [["analyze", "residuals"], ["bench", "layer"], ["bench", "pass"], ["bench", "batch"]]
+
+
+@pytest.mark.parametrize("argv", [[c] for c in COMMANDS] + SUBCOMMANDS, ids=lambda a: " ".join(a))
 def test_every_command_has_help(capsys, argv):
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--help"])

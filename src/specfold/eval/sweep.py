@@ -157,9 +157,14 @@ def sweep_kind_of(records: Iterable[dict[str, Any]]) -> str | None:
 
 def check_sweep_kind(records: Iterable[dict[str, Any]], kind: str) -> None:
     """Refuse to read records of one kind of sweep as another (``plot budget`` of a delta sweep)."""
+    records = list(records)
+    if not records:
+        raise ValidationError("no records to plot")
     made = sweep_kind_of(records)
     if made is not None and made != kind:
         raise ValidationError(f"the records hold a {made} sweep, not a {kind} sweep")
+    if not any(r.get("method") in ("spiffy", "specfold") for r in records):
+        raise ValidationError(f"the records hold no {kind} sweep: not one spiffy or specfold record")
 
 
 def sweep_summary(records: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
