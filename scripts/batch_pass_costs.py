@@ -1,0 +1,87 @@
+"""What one batched pass costs, for the README's "Batched decoding" section.
+
+1. A dense forward of R requests' blocks (one branch each; ``forward_ragged``), R = 1 and R = --batch: the bound on
+   vanilla's batch gain (R times the rows for how much more time).
+2. The drafting passes of a spiffy batch decode at R = --batch, recorded as they happen and each re-timed (after a
+   warm-up call) with the dense verifier and with the folded verifier in three settings: the default cost rule
+   (``auto``), and folding wherever the gate says with attention ``direct`` or ``correct`` (Eq. 8).
+
+    python scripts/batch_pass_costs.py [--prompts 24] [--batch 8] [--dtype bf16]
+
+Prints one JSON object. One CPU thread; run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+
+import torch
+
+from specfold.api import decode_config_for, load_model, prepare_method
+from specfold.cli.bench import batch_prompts
+from specfold.decoding.batch import decode_batch
+from specfold.engine.folded import FoldedVerifier
+from specfold.model.cache import BatchCache
+
+
+def forward_ms(model, prompts, r: int, repeats: int = 20) -> float:
+    net, c = model.net, model.config
+    cache = BatchCache(c.num_layers, r, c.num_kv_heads, c.head_dim, 512, net.dtype)
+    for s in range(r):
+        net.prefill(torch.tensor(prompts[s][:64]), cache.slot(s), mask="block_causal")
+    tokens = torch.randint(0, c.vocab_size - 2, (r, 1, c.block_size), generator=torch.Generator().manual_seed(0))
+    slots, lengths = torch.arange(r), torch.tensor([cache.slot(s).length for s in range(r)])
+    with torch.no_grad():
+        net.forward_ragged(tokens, cache, slots, lengths)
+        t = time.perf_counter()
+        for _ in range(repeats):
+            net.forward_ragged(tokens, cache, slots, lengths)
+    return (time.perf_counter() - t) / repeats * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=24)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--dtype", default="bf16")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    model = load_model(None, dtype=args.dtype)
+    prompts = batch_prompts(model, ["synth-math", "synth-code", "synth-if"], args.prompts)
+    report = {"dtype": args.dtype, "batch": args.batch,
+              "dense_forward_ms": {1: forward_ms(model, prompts, 1), args.batch: forward_ms(model, prompts, args.batch)}}
+    cfg = decode_config_for(model, 64, 0.9, None, "auto", None)
+    spiffy = prepare_method(model, "spiffy", cfg.small_block_size, block_size=cfg.block_size)
+    always = {"cost": None, "dense_fallback": False}
+    verifiers = {"dense": spiffy.verifier, "auto": FoldedVerifier(model.net, 0.1),
+                 "direct": FoldedVerifier(model.net, 0.1, attention="direct", **always),
+                 "correct": FoldedVerifier(model.net, 0.1, attention="correct", **always)}
+    seconds, counts = collections.Counter(), collections.Counter()
+    dense_verify = spiffy.verifier.verify_batch
+
+    def timed(batch):
+        if batch.states.shape[1] > 1:  # a drafting pass
+            for name, v in verifiers.items():
+                f = dense_verify if name == "dense" else v.verify_batch
+                f(batch)
+                t = time.perf_counter()
+                f(batch)
+                seconds[name] += time.perf_counter() - t
+            counts["passes"] += 1
+            counts["branch_rows"] += batch.states.shape[0] * batch.states.shape[1]
+            counts["real_branches"] += sum(batch.branches)
+        return dense_verify(batch)
+
+    spiffy.verifier.verify_batch = timed
+    decode_batch(model, prompts, cfg, spiffy, max_batch=args.batch)
+    report["drafting_passes"] = dict(counts)
+    report["pass_ms"] = {k: 1e3 * v / counts["passes"] for k, v in seconds.items()}
+    report["vs_dense"] = {k: v / seconds["dense"] for k, v in seconds.items()}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
