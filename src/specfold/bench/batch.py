@@ -87,11 +87,13 @@ def bench_batch(
     bench: BatchBenchConfig,
     progress: Callable[[BatchBenchProgress], None] | None = None,
 ) -> list[BatchPoint]:
-    """The grid's points in (batch size, method) order. One short decode per method first (warm-up)."""
+    """The grid's points in (batch size, method) order. Each method first decodes a warm-up batch of the largest
+    ``R`` (first calls, and the kernels a CPU GEMM library builds per shape, stay out of the timings)."""
     if not prompts:
         raise ValueError("the batch benchmark needs at least one prompt")
-    for m in methods.values():  # warm-up: first-call overheads stay out of the timings
-        decode_batch(model, [list(prompts[0])], cfg, m, max_batch=1)
+    top = max(bench.batch_sizes)
+    for m in methods.values():
+        decode_batch(model, [list(p) for p in prompts[:top]], cfg, m, max_batch=top)
     runs: dict[tuple[str, int], list[tuple[float, list[GenerationResult]]]] = {}
     total, done = bench.repeats * len(bench.batch_sizes) * len(methods), 0
     for _ in range(bench.repeats):
