@@ -51,8 +51,8 @@ def main() -> None:
     torch.set_num_threads(1)
     model = load_model(None, dtype=args.dtype)
     prompts = batch_prompts(model, ["synth-math", "synth-code", "synth-if"], args.prompts)
-    report = {"dtype": args.dtype, "batch": args.batch,
-              "dense_forward_ms": {1: forward_ms(model, prompts, 1), args.batch: forward_ms(model, prompts, args.batch)}}
+    forward = {r: forward_ms(model, prompts, r) for r in (1, args.batch)}
+    report = {"dtype": args.dtype, "batch": args.batch, "dense_forward_ms": forward}
     cfg = decode_config_for(model, 64, 0.9, None, "auto", None)
     spiffy = prepare_method(model, "spiffy", cfg.small_block_size, block_size=cfg.block_size)
     always = {"cost": None, "dense_fallback": False}
