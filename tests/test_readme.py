@@ -12,7 +12,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 from specfold.cli import main
 
@@ -33,12 +32,7 @@ def transcripts() -> list[tuple[str, str]]:
     return out
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_readme_has_embedded_examples_and_every_other_names_a_model():

@@ -34,12 +34,7 @@ GEN = ["generate", "What is 3 + 4?", "--max-new-tokens", "4"]
 EVAL = ["eval", "--tasks", "synth-math", "--limit", "1", "--max-new-tokens", "4"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

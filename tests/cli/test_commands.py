@@ -24,12 +24,7 @@ from specfold.model.random_checkpoint import write_random_checkpoint
 PROMPT = load_split("synth-math", "test", limit=1)[0].prompt  # in the embedded model's domain: drafts are accepted
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the embedded model is small: threads only spin against other jobs here
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

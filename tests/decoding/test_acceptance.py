@@ -25,14 +25,7 @@ from specfold.eval.tasks.synthetic import TASKS, load_split
 from specfold.model.loading import load_model
 from tests.decoding.mock_model import scripted_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU: one intra-op thread (more spin against other jobs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def decode_counts(model, ids, cfg, graph):

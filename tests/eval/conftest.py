@@ -20,13 +20,8 @@ CALIBRATION_PROMPTS = 3
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: torch's intra-op threads spin against other jobs and make every GEMM
-    ~20× slower (measured: a sweep of 5 methods took 22.8 s with 2 threads, 1.1 s with one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):  # every eval test: see tests/conftest.py
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -28,12 +28,7 @@ class Killed(Exception):
     """Raised from the progress callback: the process dies between two steps."""
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny GEMMs on a shared 2-core machine; also one fixed reduction order
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(out: Path, **kw) -> TrainConfig:
