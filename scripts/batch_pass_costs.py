@@ -21,7 +21,7 @@ import time
 import torch
 
 from specfold.api import decode_config_for, load_model, prepare_method
-from specfold.cli.bench import batch_prompts
+from specfold.bench.batch import held_out_prompts
 from specfold.decoding.batch import decode_batch
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
@@ -50,7 +50,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     model = load_model(None, dtype=args.dtype)
-    prompts = batch_prompts(model, ["synth-math", "synth-code", "synth-if"], args.prompts)
+    prompts = held_out_prompts(model, ["synth-math", "synth-code", "synth-if"], args.prompts)
     forward = {r: forward_ms(model, prompts, r) for r in (1, args.batch)}
     report = {"dtype": args.dtype, "batch": args.batch, "dense_forward_ms": forward}
     cfg = decode_config_for(model, 64, 0.9, None, "auto", None)

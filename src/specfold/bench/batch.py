@@ -153,3 +153,20 @@ def random_shape_model(
     net = random_model(cfg, seed=seed).to(dtype).eval()
     return LoadedModel(net=net, config=cfg, tokenizer=None, mask_id=v - 1, stop_id=v - 2,
                        path=Path(f"random:{shape}:{layers}L"))
+
+
+def held_out_prompts(
+    model: LoadedModel, tasks: Sequence[str], count: int, vocab: int | None = None
+) -> list[list[int]]:
+    """``count`` test prompts spread over ``tasks`` (round robin), through the chat template; with ``vocab``, ids
+    folded into ``[0, vocab - 2)`` (a random model's ids, the last two being mask and stop)."""
+    from specfold.api import encode_prompt
+    from specfold.eval.harness import load_task
+
+    per_task = -(-count // len(tasks))
+    samples = [load_task(t, "test", per_task).samples for t in tasks]
+    queue = [s[i] for i in range(per_task) for s in samples if i < len(s)][:count]
+    if len(queue) < count:
+        raise ValueError(f"tasks {','.join(tasks)} hold {len(queue)} test prompts, fewer than the {count} asked for")
+    ids = [encode_prompt(model, s.prompt, True) for s in queue]
+    return ids if vocab is None else [[t % (vocab - 2) for t in p] for p in ids]

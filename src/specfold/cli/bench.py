@@ -162,24 +162,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def batch_prompts(model, tasks: list[str], count: int, vocab: int | None = None) -> list[list[int]]:
-    """``count`` test prompts spread over ``tasks`` (round robin), through the chat template; with ``vocab``, ids
-    folded into ``[0, vocab - 2)`` (a random model's ids, the last two being mask and stop)."""
-    from specfold.api import encode_prompt
-    from specfold.eval.harness import load_task
-
-    per_task = -(-count // len(tasks))
-    samples = [load_task(t, "test", per_task).samples for t in tasks]
-    queue = [s[i] for i in range(per_task) for s in samples if i < len(s)][:count]
-    if len(queue) < count:
-        raise UsageError(f"--tasks {','.join(tasks)} hold {len(queue)} test prompts, fewer than --prompts {count}")
-    ids = [encode_prompt(model, s.prompt, True) for s in queue]
-    return ids if vocab is None else [[t % (vocab - 2) for t in p] for p in ids]
-
-
 def run_batch(args: argparse.Namespace) -> int:
     from specfold.api import decode_config_for, load_model, prepare_method
-    from specfold.bench.batch import BatchBenchConfig, bench_batch, random_shape_model
+    from specfold.bench.batch import BatchBenchConfig, bench_batch, held_out_prompts, random_shape_model
     from specfold.model.embedded import EMBEDDED_DIR
     from specfold.model.loading import parse_dtype
 
@@ -190,10 +175,10 @@ def run_batch(args: argparse.Namespace) -> int:
     text_model = load_model(args.model, dtype=args.dtype)
     graph = None
     if args.shape is None:
-        model, prompts = text_model, batch_prompts(text_model, tasks, args.prompts)
+        model, prompts = text_model, held_out_prompts(text_model, tasks, args.prompts)
     else:
         model = random_shape_model(args.shape, args.layers, args.vocab, parse_dtype(args.dtype))
-        prompts = batch_prompts(text_model, tasks, args.prompts, model.config.vocab_size)
+        prompts = held_out_prompts(text_model, tasks, args.prompts, model.config.vocab_size)
         graph = EMBEDDED_DIR / "draft_graph.json"
     cfg = decode_config_for(model, args.max_new_tokens, args.threshold, None, "auto", None)
     methods = {}
