@@ -206,7 +206,7 @@ def attend_ragged(
         mask = torch.zeros(n, t, p_len + t, dtype=q.dtype, device=q.device)  # [n, T, P+T] additive
         if p_len:
             pad = keys[None, :] >= lengths[a:b, None].to(q.device)  # [n, P]
-            mask[:, :, :p_len] = mask[:, :, :p_len].masked_fill(pad[:, None, :], float("-inf"))
+            mask[:, :, :p_len].masked_fill_(pad[:, None, :], float("-inf"))
             pk = prefix_k[a:b, None].expand(n, k, hkv, p_len, d).reshape(n * k, hkv, p_len, d)
             pv = prefix_v[a:b, None].expand(n, k, hkv, p_len, d).reshape(n * k, hkv, p_len, d)
             bk, bv = torch.cat([pk, bk], dim=2), torch.cat([pv, bv], dim=2)
