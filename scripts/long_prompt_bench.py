@@ -206,8 +206,9 @@ def main() -> None:
             ratios = [f"{c[2] / base:.2f}" if c[2] and base else "–" for c in cells[1:]]
             same = {tuple(r["tokens"]) for rs in runs.values() for r in rs if "tokens" in r}
             ok = all(r["exit"] == 0 for rs in runs.values() for r in rs)
+            verdict = "–" if not (ok and same) else "yes" if len(same) == 1 else "no"
             rows.append(f"| {length:,} | " + " | ".join(f"{rss} | {pre}" for pre, rss, _ in cells)
-                        + f" | {' | '.join(ratios)} | {'–' if not (ok and same) else 'yes' if len(same) == 1 else 'no'} |")
+                        + f" | {' | '.join(ratios)} | {verdict} |")
     first = sides[0][0]
     print(f"checkpoint: {ckpt.name} (bf16, OMP_NUM_THREADS=1, medians; * = peak before the failure)")
     print("| prompt | " + " | ".join(f"{label}: peak RSS MB | {label}: prefill s" for label, _, _ in sides)

@@ -32,13 +32,14 @@ def _hidden(e: int, dtype: torch.dtype, device: str, seed: int = 0) -> torch.Ten
     return h.to(dtype=dtype, device=device)
 
 
-def _check_gate(got, want, k: int, n: int) -> None:
+def _check_gate(got, want, k: int, n: int, rtol: float = 1e-5) -> None:
     assert torch.equal(got.recompute.cpu(), want.recompute.cpu())
     assert torch.equal(got.hop.cpu(), want.hop.cpu())
     fin = torch.isfinite(want.rho)
     assert torch.equal(torch.isfinite(got.rho), fin)
     # the kernel accumulates ρ in fp64, the torch gate in fp32 (fp64 for fp64 models): compare at fp32 precision
-    torch.testing.assert_close(got.rho[fin].to(want.rho.dtype), want.rho[fin], rtol=1e-5, atol=0)
+    # (the caller's rtol: bf16 gates round their norms to 8 bits)
+    torch.testing.assert_close(got.rho[fin].to(want.rho.dtype), want.rho[fin], rtol=rtol, atol=0)
     r = int(want.count.item())
     assert int(got.count.item()) == r
     assert torch.equal(got.branch_counts.cpu(), want.branch_counts.cpu())
@@ -64,7 +65,7 @@ def test_gate_compact_matches_reference(dtype, e, delta, device) -> None:
     par = torch.tensor(PARENTS, device=device)
     want = gate_compact_ref(h.cpu(), par.cpu(), delta)
     got = gate_compact(h, par, delta)
-    _check_gate(got, want, len(PARENTS), N)
+    _check_gate(got, want, len(PARENTS), N, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5)
     if delta == 0.0:  # at δ = 0 exactly the bit-identical rows fold
         same = (h[1:] == h[par[1:]]).all(dim=-1).cpu()
         assert torch.equal(~got.recompute[1:].cpu(), same)

@@ -27,11 +27,13 @@ def attend_rows(
     block_v: torch.Tensor,  # [K, N, Hkv, D]
     scale: float,
     prefix_len: torch.Tensor | None = None,  # [S] long: live keys of each request's prefix (4-dim prefix only)
+    branch_request: torch.Tensor | None = None,  # [K] long, ascending: each branch's request (4-dim prefix only)
 ) -> AttnState:
     """Bidirectional block attention of packed rows. Returns ``m, z [R, Hq]`` and ``o [R, Hq, D]`` (acc dtype).
 
-    A 4-dim prefix holds ``S`` requests of ``K / S`` consecutive branches each; a row attends to its request's
-    prefix up to ``prefix_len`` (keys past it are masked)."""
+    A 4-dim prefix holds ``S`` requests of ``K / S`` consecutive branches each, or of the branches
+    ``branch_request`` assigns them; a row attends to its request's prefix up to ``prefix_len`` (keys past it are
+    masked)."""
     r, hq, d = q.shape
     k, n, hkv, _ = block_k.shape
     g = hq // hkv
@@ -48,7 +50,8 @@ def attend_rows(
 
     pre = None
     if prefix_k is not None and prefix_k.shape[-2] > 0:
-        pre = _PrefixRows.of(q, rows, prefix_k, prefix_len, k * n)
+        group = None if branch_request is None else branch_request.index_select(0, rows // n)  # [R]
+        pre = _PrefixRows.of(q, rows, prefix_k, prefix_len, k * n, group)
         s_pre = pre.scores(prefix_k, scale, acc)  # [S, Hkv, Y*G, P]
         m = torch.maximum(m, pre.to_rows(s_pre.amax(dim=-1)))
 
@@ -70,20 +73,22 @@ class _PrefixRows:
     """The packed rows laid out as prefix queries: ``S`` groups (requests) of ``Y`` rows each, ``[S, Hkv, Y*G, D]``.
 
     One shared prefix: ``S = 1``, ``Y = R`` (every row stacked, the prefix read once). Per-request prefixes: row
-    ``j`` goes to group ``rows[j] // span`` at its rank inside the group, ``Y`` the largest group (zero-padded)."""
+    ``j`` goes to its request's group (``group[j]``, by default ``rows[j] // (span / S)``) at its rank inside the
+    group, ``Y`` the largest group (zero-padded)."""
 
     def __init__(self, q4: torch.Tensor, index: torch.Tensor | None, mask: torch.Tensor | None, hq: int) -> None:
         self.q4, self.index, self.mask, self.hq = q4, index, mask, hq  # index [R] into S*Y; mask [S, P] padding
 
     @classmethod
-    def of(cls, q, rows, prefix_k, prefix_len, span: int) -> _PrefixRows:
+    def of(cls, q, rows, prefix_k, prefix_len, span: int, group: torch.Tensor | None = None) -> _PrefixRows:
         r, hq, d = q.shape
         hkv = prefix_k.shape[-3]
         g = hq // hkv
         if prefix_k.dim() == 3:
             return cls(q.view(1, r, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(1, hkv, r * g, d), None, None, hq)
         s, p = prefix_k.shape[0], prefix_k.shape[2]
-        group = rows // (span // s)  # [R] request of each row (rows ascend, so groups are contiguous)
+        if group is None:  # [R] request of each row (rows ascend, so groups are contiguous)
+            group = rows // (span // s)
         sizes = torch.bincount(group, minlength=s)
         y = int(sizes.max())  # NOTE: one host read: the padded group size
         rank = torch.arange(r, device=q.device) - (torch.cumsum(sizes, 0) - sizes)[group]
