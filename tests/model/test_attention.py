@@ -1,4 +1,4 @@
-"""attend_ragged (the batched passes' fused-SDPA attention) against attend, one request at a time (fp64)."""
+"""attend_ragged (the batched passes' fused-SDPA attention) against attend, one branch at a time (fp64)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ def test_ragged_equals_each_request_over_its_own_prefix(kind, budget, monkeypatc
         monkeypatch.setattr(attention, "SCORE_BUDGET", budget)
     r, k, t, hq, hkv, d, p = 3, 2, 8, 4, 2, 16, 13
     g = torch.Generator().manual_seed(0)
-    q, bk, bv = (torch.randn(r, k, t, h, d, generator=g, dtype=torch.float64) for h in (hq, hkv, hkv))
+    q, bk, bv = (torch.randn(r * k, t, h, d, generator=g, dtype=torch.float64) for h in (hq, hkv, hkv))
     pk, pv = (torch.randn(r, hkv, p, d, generator=g, dtype=torch.float64) for _ in range(2))
     lengths = torch.tensor([13, 0, 5])  # full, empty and partial prefixes
+    request = torch.tensor([0, 0, 1, 2, 2, 2])  # ragged: 2, 1 and 3 branches
     bias = block_bias(kind, t, t, torch.float64)
-    got = attend_ragged(q, pk, pv, lengths, bk, bv, bias, 0.3)
-    for i, n in enumerate(lengths.tolist()):
+    got = attend_ragged(q, pk, pv, lengths, request, bk, bv, bias, 0.3)
+    for b, i in enumerate(request.tolist()):
+        n = int(lengths[i])
         pre = (pk[i, :, :n], pv[i, :, :n]) if n else (None, None)
-        want = attend(q[i], *pre, bk[i], bv[i], bias, 0.3).o
-        torch.testing.assert_close(got[i], want, rtol=0, atol=1e-12)
+        want = attend(q[b][None], *pre, bk[b][None], bv[b][None], bias, 0.3).o[0]
+        torch.testing.assert_close(got[b], want, rtol=0, atol=1e-12)

@@ -51,7 +51,6 @@ from specfold.engine.layer_types import (
     LayerContext,
     LayerCounts,
     LayerTrace,
-    RequestLayout,
 )
 from specfold.model.attention import attend, attend_ragged
 from specfold.model.cache import PrefixCache
@@ -252,26 +251,20 @@ def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
     else:
         with part("packing"):
             q_tab, k_tab, v_tab = (_take(x, plan.table) for x in (q, kk, vv))
-    tables = q_tab, k_tab, v_tab
     with part("attention"):
         if prefix_k is not None and prefix_k.dim() == 4:  # several requests, each over its own prefix
             s = prefix_k.shape[0]
             live = ctx.prefix_len if ctx.prefix_len is not None else torch.full((s,), prefix_k.shape[2])
-            lay = ctx.requests
-            width = k // s if lay is None else lay.width
-            if lay is not None:  # ragged: padding branches (zero queries and keys) only inside attend_ragged
-                q_tab, k_tab, v_tab = (x.new_zeros(s * width, *x.shape[1:]).index_copy_(0, lay.slot, x)
-                                       for x in (q_tab, k_tab, v_tab))
-            o = attend_ragged(q_tab.view(s, width, n, *q.shape[1:]), prefix_k, prefix_v, live.to(h.device).long(),
-                              k_tab.view(s, width, n, *kk.shape[1:]), v_tab.view(s, width, n, *kk.shape[1:]),
-                              None, ctx.scale).view(s * width, n, *q.shape[1:])
-            o = o if lay is None else o.index_select(0, lay.slot)
+            request = ctx.branch_request
+            if request is None:
+                request = torch.arange(s, device=h.device).repeat_interleave(k // s)
+            o = attend_ragged(q_tab, prefix_k, prefix_v, live.long(), request, k_tab, v_tab, None, ctx.scale)
         else:
             o = attend(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale).o
     with part("o_proj"):
         h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, *q.shape[1:]))
     zero = torch.zeros(k, dtype=torch.long, device=h.device)
-    return _Attention(h1=h1, q=tables[0], k=tables[1], v=tables[2], o=o, flagged=zero[:0], guard=zero, corrected=0)
+    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=o, flagged=zero[:0], guard=zero, corrected=0)
 
 
 def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) -> _Attention:
@@ -283,9 +276,8 @@ def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) 
         q, kk, vv = qkv_rows(layer, h, rows, ctx)  # the layer's Q/K/V pools
     with part("packing"):
         k_tab, v_tab = _take(kk, table), _take(vv, table)  # [K, N, Hkv, D] each branch's block K/V
-    branch_request = None if ctx.requests is None else ctx.requests.request
     with part("attention"):
-        state = attend_rows(q, rows, prefix_k, prefix_v, k_tab, v_tab, ctx.scale, ctx.prefix_len, branch_request)
+        state = attend_rows(q, rows, prefix_k, prefix_v, k_tab, v_tab, ctx.scale, ctx.prefix_len, ctx.branch_request)
     with part("correction"):
         src_slot = table.reshape(-1)[corrected]  # [C] pool row of each corrected row's source
         q_c = q[src_slot]
@@ -298,7 +290,7 @@ def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) 
         flagged = corrected[hit]
         if hit.numel():
             direct = attend_rows(q_c[hit], flagged, prefix_k, prefix_v, k_tab, v_tab, ctx.scale, ctx.prefix_len,
-                                 branch_request)
+                                 ctx.branch_request)
             o_c = o_c.index_copy(0, hit, direct.o)
         o_all = torch.cat([state.o, o_c])  # [R + C, Hq, D]
     with part("o_proj"):
@@ -407,12 +399,11 @@ class FoldedVerifier:
     def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult:
         """One folded pass over every request's branches: one graph with a root per request (parents never cross
         requests), each request over its own prefix. The torch engine packs the real branches only, request after
-        request (:class:`~specfold.engine.layer_types.RequestLayout`); the padded branch layout appears only inside
-        the ragged attention call, as in the dense verifier. The triton kernels read ``K / R`` branches per request,
-        so that backend keeps the padding: padding rows copy their request's main row with parent 0, fold at every
-        layer (ρ = 0 ≤ δ) and cost the gate only; their logits are not computed. A request's tokens do not depend on
-        its neighbours except through the cost rule's per-layer dense fallback, which is decided for the whole
-        pass."""
+        request (``LayerContext.branch_request`` names each branch's request). The triton kernels read ``K / R``
+        branches per request, so that backend keeps the padding: padding rows copy their request's main row with
+        parent 0, fold at every layer (ρ = 0 ≤ δ) and cost the gate only; their logits are not computed. A
+        request's tokens do not depend on its neighbours except through the cost rule's per-layer dense fallback,
+        which is decided for the whole pass."""
         net = self.net
         r, kb, n = batch.states.shape
         dev = net.device
@@ -425,14 +416,12 @@ class FoldedVerifier:
         par = torch.where(local >= 0, local + torch.tensor(starts, device=dev)[:, None], -1).reshape(-1)
         states = batch.states.reshape(r * kb, n).to(dev)
         request = torch.arange(r, device=dev).repeat_interleave(torch.tensor(counts_of, device=dev))  # [K']
-        layout = None
         if ragged:
             par, states = par.index_select(0, keep), states.index_select(0, keep)
-            layout = RequestLayout(request=request, slot=keep, width=kb)
         positions = lengths.index_select(0, request)[:, None] + torch.arange(n, device=dev)  # [K', N]
         cos, sin, qscale = net.rotary.tables(positions.reshape(-1), net.dtype)
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par,
-                           prefix_len=lengths.to(torch.int32), requests=layout)
+                           prefix_len=lengths.to(torch.int32), branch_request=request if ragged else None)
         p_max = int(batch.lengths.max())  # NOTE: host-side lengths (the batch decoder's), read before the layers
         slots = batch.slots.to(dev)
         # BatchDecoder keeps its requests in slots 0..R-1, so the prefix is a view; otherwise it is gathered.

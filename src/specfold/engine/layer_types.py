@@ -62,27 +62,15 @@ class FoldConfig:
 
 
 @dataclass
-class RequestLayout:
-    """Where each branch of a several-request pass sits (the torch engine's packing without branch padding).
-
-    The pass holds only real branches, request after request (``K = Σ`` branches); ``request [K]`` names each
-    branch's request and ``slot [K]`` its place in the padded ``[S * width]`` branch layout that
-    :func:`~specfold.model.attention.attend_ragged` reads (``width`` = the most branches of any request)."""
-
-    request: torch.Tensor  # [K] long: request of each branch (ascending)
-    slot: torch.Tensor  # [K] long: request * width + rank of the branch inside its request
-    width: int
-
-
-@dataclass
 class LayerContext:
     """What every layer step of one pass shares: RoPE tables of the block positions, the score scale, the graph.
 
     One request: ``cos``/``sin`` ``[N, D]`` (every branch at the same positions), the prefix ``[Hkv, P, D]``.
     Several requests (:meth:`FoldedVerifier.verify_batch`): ``R`` requests of ``K / R`` branches each, or as many
-    as ``requests`` (:class:`RequestLayout`) says; one table row per (branch, position) ``[K*N, D]``; the prefix
-    ``[R, Hkv, P, D]`` padded past each request's ``prefix_len [R]``; the graph has one root per request.
-    ``prefix_len [1]`` with a ``[Hkv, P, D]`` prefix is a CUDA-graph bucket (keys past it unused)."""
+    as ``branch_request`` assigns them (the torch engine packs real branches only); one table row per (branch,
+    position) ``[K*N, D]``; the prefix ``[R, Hkv, P, D]`` padded past each request's ``prefix_len [R]``; the graph
+    has one root per request. ``prefix_len [1]`` with a ``[Hkv, P, D]`` prefix is a CUDA-graph bucket (keys past
+    it unused)."""
 
     cos: torch.Tensor  # [N, D] or [K*N, D]
     sin: torch.Tensor  # [N, D] or [K*N, D]
@@ -90,7 +78,7 @@ class LayerContext:
     scale: float
     parents: torch.Tensor  # [K] long, -1 for a root (a main branch)
     prefix_len: torch.Tensor | None = None  # [R] int32: live prefix keys per request (None: the whole view)
-    requests: RequestLayout | None = None  # ragged branches per request (None: K / R consecutive branches each)
+    branch_request: torch.Tensor | None = None  # [K] long, ascending: request of each branch (None: K / R each)
 
 
 @dataclass

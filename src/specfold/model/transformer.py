@@ -196,9 +196,8 @@ class DLLM(nn.Module):
         ``logit_rows``). With ``write_cache`` (one branch each) each block's K/V is stored past its request's
         length (the caller advances the lengths).
 
-        With ``valid`` only the valid blocks go through the GEMMs and the LM head (requests with fewer branches
-        than ``K`` pay nothing for their padding but attention scores): logits ``[B', T, V]`` of the valid blocks
-        in (request, branch) order."""
+        With ``valid`` only the valid blocks are computed (requests with fewer branches than ``K`` pay nothing
+        for their padding): logits ``[B', T, V]`` of the valid blocks in (request, branch) order."""
         flat = tokens.dim() == 2
         if flat:
             tokens = tokens[:, None]
@@ -211,8 +210,9 @@ class DLLM(nn.Module):
         positions = lengths[:, None] + torch.arange(t, device=self.device)  # [R, T]
         block_pos = positions[:, None].expand(r, k, t).reshape(r * k, t)
         keep = None if valid is None else valid.reshape(-1).nonzero().squeeze(1)  # [B'] computed blocks
+        request = torch.arange(r, device=self.device).repeat_interleave(k)  # [R*K] request of each block
         if keep is not None:
-            tokens, block_pos = tokens.reshape(r * k, t)[keep], block_pos[keep]
+            tokens, block_pos, request = tokens.reshape(r * k, t)[keep], block_pos[keep], request[keep]
         cos, sin, qscale = self.rotary.tables(block_pos.reshape(-1), self.dtype)
         bias = block_bias(mask, t, self.cfg.block_size, self.dtype, self.device)
         # Slots 0..R-1 in order (the batch decoder keeps them so) are read as a view; otherwise they are gathered.
@@ -220,17 +220,12 @@ class DLLM(nn.Module):
         h = F.embedding(tokens, self.embed).reshape(-1, self.cfg.hidden_size)  # [R*K*T, E] (or [B'*T, E])
         for i, layer in enumerate(self.layers):
             q, kk, v = layer.qkv(h, cos, sin, qscale)
-            if keep is not None:  # padding blocks: zero queries and keys, their outputs dropped below
-                q, kk, v = (x.new_zeros(r * k, t, *x.shape[1:]).index_copy_(0, keep, x.view(-1, t, *x.shape[1:]))
-                            for x in (q, kk, v))
-            kk, v = kk.view(r, k, t, layer.hkv, layer.d), v.view(r, k, t, layer.hkv, layer.d)
+            kk, v = kk.view(-1, t, layer.hkv, layer.d), v.view(-1, t, layer.hkv, layer.d)  # [B', T, Hkv, D]
             pk = cache.k[i, rows, :, :p_max]  # [R, Hkv, P, D]
             pv = cache.v[i, rows, :, :p_max]
-            o = attend_ragged(q.view(r, k, t, layer.hq, layer.d), pk, pv, lengths, kk, v, bias, self.scale)
+            o = attend_ragged(q.view(-1, t, layer.hq, layer.d), pk, pv, lengths, request, kk, v, bias, self.scale)
             if write_cache:
-                cache.write(i, slots, positions, kk[:, 0], v[:, 0])
-            if keep is not None:
-                o = o.view(r * k, t, layer.hq, layer.d)[keep]
+                cache.write(i, slots, positions, kk, v)
             h = h + layer.attn_out(o.to(h.dtype).reshape(-1, layer.hq, layer.d))
             h = h + layer.ffn(h)
         if keep is not None:
