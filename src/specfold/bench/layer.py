@@ -39,7 +39,7 @@ import torch
 
 from specfold.config import Family, ModelConfig, RopeConfig
 from specfold.engine.cost import LayerCost, measure_machine
-from specfold.engine.folded import folded_layer, gate_and_compact
+from specfold.engine.folded import correction_plan, folded_layer, gate_and_compact
 from specfold.engine.layer_types import BACKENDS, FoldConfig, LayerContext
 from specfold.model.attention import attend
 from specfold.model.rope import Rotary
@@ -272,8 +272,9 @@ def _bench_layer(
         rows_t.append(timed(run_rows))
 
     plan = gate_and_compact(h.view(k, n, -1), parents, 0.0, fold=fold)
-    limit = flop_limit_ratio(sh, k, n, prefix, plan.rows.numel(), plan.delta.sum(dim=1))
-    chosen = cost.attention_plan(k * n, n, prefix, plan.rows.numel(), plan.corrected.numel())
+    fix = correction_plan(plan)
+    limit = flop_limit_ratio(sh, k, n, prefix, plan.rows.numel(), fix.delta.sum(dim=1))
+    chosen = cost.attention_plan(k * n, n, prefix, plan.rows.numel(), fix.corrected.numel())
     d_med, f_med, r_med = statistics.median(dense_t), statistics.median(folded_t), statistics.median(rows_t)
     return LayerBenchResult(
         shape=shape, fold_ratio=fold_ratio, realised_fold_ratio=float(fold[1:].float().mean()), branches=branches,

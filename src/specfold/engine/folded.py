@@ -74,6 +74,13 @@ class FoldPlan:
     src: torch.Tensor  # [K, N] long: branch whose Q/K/V (and F) row (i, n) holds
     rows: torch.Tensor  # [R] long: flat (branch·N + position) of the recomputed rows, in pool order
     table: torch.Tensor  # [K, N] long: pool row held by (i, n), i.e. the slot of (src[i, n], n)
+    changed: torch.Tensor  # [K, N] bool: folded rows whose attention context differs from their source's (Δ ≠ ∅)
+
+
+@dataclass
+class CorrectionPlan:
+    """What Eq. 8 needs of a layer's plan (:func:`correction_plan`; built only when a layer corrects)."""
+
     corrected: torch.Tensor  # [C] long: flat index of folded rows with Δ ≠ ∅
     branch_rows: torch.Tensor  # [C, N] long: table row of each corrected row's branch
     source_rows: torch.Tensor  # [C, N] long: table row of each corrected row's source
@@ -104,22 +111,27 @@ def plan_from_recompute(
     recompute: torch.Tensor,  # [K, N] bool, roots all True
     parents: torch.Tensor,  # [K] long
 ) -> FoldPlan:
-    """Source resolution and compaction of given recompute decisions (:func:`gate_and_compact` after the gate)."""
-    n = recompute.shape[1]
+    """Source resolution and compaction of given recompute decisions (:func:`gate_and_compact` after the gate).
+
+    Δ of a folded row ``(i, n)`` with source ``s = src[i, n]`` is empty iff ``s`` is ``i``'s nearest
+    ancestor-or-self that recomputes any position (``owner[i]``): branches below ``owner[i]`` recompute nothing
+    and hold its table row; any source above it misses a position ``owner[i]`` recomputed. So ``changed`` costs
+    ops on ``[K, N]`` and ``[K]``, not a comparison of table rows."""
     src, rows, table = pool_index(recompute, parents)
-    fold_rows = (~recompute.reshape(-1)).nonzero().squeeze(1)
-    branch_rows = table[fold_rows // n]
-    source_rows = table[src.reshape(-1)[fold_rows]]
-    dmask = branch_rows != source_rows
-    changed = dmask.any(dim=1)
-    corrected = fold_rows[changed]
-    out_index = table.reshape(-1).clone()
-    out_index[corrected] = rows.numel() + torch.arange(corrected.numel(), device=recompute.device)
-    return FoldPlan(
-        rho=rho, recompute=recompute, src=src, rows=rows, table=table, corrected=corrected,
-        branch_rows=branch_rows[changed], source_rows=source_rows[changed], delta=dmask[changed],
-        out_index=out_index,
-    )
+    owner = resolve_sources(recompute.any(dim=1, keepdim=True), parents)  # [K, 1]
+    return FoldPlan(rho=rho, recompute=recompute, src=src, rows=rows, table=table, changed=~recompute & (src != owner))
+
+
+def correction_plan(plan: FoldPlan) -> CorrectionPlan:
+    """The corrected rows of a plan with their branch and source table rows (Eq. 8's inputs)."""
+    k, n = plan.recompute.shape
+    corrected = plan.changed.reshape(-1).nonzero().squeeze(1)  # [C]
+    branch_rows = plan.table.index_select(0, corrected // n)  # [C, N]
+    source_rows = plan.table.index_select(0, plan.src.reshape(-1).index_select(0, corrected))
+    out_index = plan.table.reshape(-1).clone()
+    out_index[corrected] = plan.rows.numel() + torch.arange(corrected.numel(), device=corrected.device)
+    return CorrectionPlan(corrected=corrected, branch_rows=branch_rows, source_rows=source_rows,
+                          delta=branch_rows != source_rows, out_index=out_index)
 
 
 def dense_plan(rho: torch.Tensor) -> FoldPlan:  # rho: [K, N]
@@ -127,13 +139,9 @@ def dense_plan(rho: torch.Tensor) -> FoldPlan:  # rho: [K, N]
     k, n = rho.shape
     dev = rho.device
     flat = torch.arange(k * n, device=dev)
-    empty = flat[:0]
-    return FoldPlan(
-        rho=rho, recompute=torch.ones(k, n, dtype=torch.bool, device=dev),
-        src=torch.arange(k, device=dev)[:, None].expand(k, n), rows=flat, table=flat.view(k, n), corrected=empty,
-        branch_rows=empty.view(0, n), source_rows=empty.view(0, n),
-        delta=torch.zeros(0, n, dtype=torch.bool, device=dev), out_index=flat,
-    )
+    every = torch.ones(k, n, dtype=torch.bool, device=dev)
+    return FoldPlan(rho=rho, recompute=every, src=torch.arange(k, device=dev)[:, None].expand(k, n), rows=flat,
+                    table=flat.view(k, n), changed=~every)
 
 
 def pool_index(
@@ -188,7 +196,7 @@ class _Attention:
     o: torch.Tensor  # [K, N, Hq, D] attention output (acc dtype)
     flagged: torch.Tensor  # [G] long: rows the guard sent to direct attention
     guard: torch.Tensor  # [K] number of those rows per branch
-    corrected: int
+    corrected: torch.Tensor  # [K] folded rows per branch whose attention Eq. 8 corrected
 
 
 def folded_layer(
@@ -210,11 +218,12 @@ def folded_layer(
     cheaper of the two by ``cost`` (:mod:`specfold.engine.cost`), or a dense attention part when even that does not
     pay (``cfg.dense_fallback``). The FFN part gets the same choice, made after its own gate."""
     k, n = plan.recompute.shape
-    m, r, c = k * n, plan.rows.numel(), plan.corrected.numel()
+    m, r = k * n, plan.rows.numel()
     mode = cfg.attention
     if cost is not None:
         options = ("direct", "correct") if mode == "auto" else (mode,)
         prefix = 0 if prefix_k is None else prefix_k.shape[-2]
+        c = int(plan.changed.sum())  # NOTE: a host read, as r's (the torch engine's row counts are host ints)
         mode = cost.attention_plan(m, n, prefix, r, c, options + (("dense",) if cfg.dense_fallback else ()))
     elif mode == "auto":  # no cost rule: Eq. 8
         mode = "correct"
@@ -228,7 +237,7 @@ def folded_layer(
     counts = LayerCounts(
         folded=(~plan.recompute).sum(dim=1), ffn_folded=(~ffn_recompute).sum(dim=1),
         guard=torch.bincount(att.flagged // n, minlength=k), recomputed=plan.recompute.sum(dim=1),
-        corrected=torch.bincount(plan.corrected // n, minlength=k) if att.corrected else torch.zeros_like(att.guard),
+        corrected=att.corrected,
         dense=plan.rows.numel() == m,
     )
     info = None
@@ -264,14 +273,16 @@ def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
     with part("o_proj"):
         h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, *q.shape[1:]))
     zero = torch.zeros(k, dtype=torch.long, device=h.device)
-    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=o, flagged=zero[:0], guard=zero, corrected=0)
+    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=o, flagged=zero[:0], guard=zero, corrected=zero)
 
 
 def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) -> _Attention:
     """Direct attention for recomputed rows, Eq. 8 for folded rows whose context changed (guarded), and the
     o_proj GEMM on those rows only: a folded row with Δ = ∅ has exactly its source's ``O``, hence its ``W_o·O``."""
     k, n = plan.recompute.shape
-    rows, corrected, table = plan.rows, plan.corrected, plan.table
+    with part("packing"):
+        fix_plan = correction_plan(plan)
+    rows, corrected, table = plan.rows, fix_plan.corrected, plan.table
     with part("qkv"):
         q, kk, vv = qkv_rows(layer, h, rows, ctx)  # the layer's Q/K/V pools
     with part("packing"):
@@ -283,7 +294,7 @@ def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) 
         q_c = q[src_slot]
         fix = correct_rows(
             q_c, state.m[src_slot], state.z[src_slot], state.o[src_slot], kk, vv,
-            plan.branch_rows, plan.source_rows, plan.delta, ctx.scale, guard,
+            fix_plan.branch_rows, fix_plan.source_rows, fix_plan.delta, ctx.scale, guard,
         )
         o_c = fix.o
         hit = fix.flagged.nonzero().squeeze(1)  # [G] guard fallbacks, recomputed by direct attention
@@ -296,10 +307,11 @@ def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) 
     with part("o_proj"):
         attn = layer.attn_out(o_all.to(h.dtype))
     with part("packing"):
-        h1 = h + attn.index_select(0, plan.out_index)
-        o_tab = o_all.index_select(0, plan.out_index).view(k, n, *state.o.shape[1:])
+        h1 = h + attn.index_select(0, fix_plan.out_index)
+        o_tab = o_all.index_select(0, fix_plan.out_index).view(k, n, *state.o.shape[1:])
     return _Attention(h1=h1, q=_take(q, table), k=k_tab, v=v_tab, o=o_tab, flagged=flagged,
-                      guard=torch.bincount(flagged // n, minlength=k), corrected=corrected.numel())
+                      guard=torch.bincount(flagged // n, minlength=k),
+                      corrected=torch.bincount(corrected // n, minlength=k))
 
 
 def _ffn_step(
