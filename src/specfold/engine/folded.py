@@ -54,6 +54,7 @@ from specfold.engine.layer_types import (
 )
 from specfold.model.attention import attend, attend_ragged
 from specfold.model.cache import PrefixCache
+from specfold.model.linear import bucket_index
 from specfold.model.transformer import DLLM, Layer
 
 PARTS = ("gate", "packing", "qkv", "attention", "correction", "o_proj", "ffn", "head")
@@ -171,9 +172,12 @@ def qkv_rows(
     ctx: LayerContext,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm + fused QKV GEMM + RoPE on the packed rows only. Returns q ``[R, Hq, D]``, k, v ``[R, Hkv, D]``."""
-    pos = rows % ctx.cos.shape[0]
-    qscale = None if ctx.qscale is None else ctx.qscale[pos]
-    return layer.qkv(h.index_select(0, rows), ctx.cos.index_select(0, pos), ctx.sin.index_select(0, pos), qscale)
+    r = rows.shape[0]
+    idx = bucket_index(rows, h)  # GEMM-ready row count, no padding copy
+    pos = idx % ctx.cos.shape[0]
+    qscale = None if ctx.qscale is None else ctx.qscale.index_select(0, pos)
+    q, k, v = layer.qkv(h.index_select(0, idx), ctx.cos.index_select(0, pos), ctx.sin.index_select(0, pos), qscale)
+    return q[:r], k[:r], v[:r]
 
 
 def ffn_rows(
@@ -182,7 +186,7 @@ def ffn_rows(
     rows: torch.Tensor,  # [R] flat row indices
 ) -> torch.Tensor:
     """RMSNorm + gate/up GEMM + SiLU·mul + down on the packed rows only. Returns ``[R, E]``."""
-    return layer.ffn(h.index_select(0, rows))
+    return layer.ffn(h.index_select(0, bucket_index(rows, h)))[: rows.shape[0]]
 
 
 @dataclass

@@ -33,7 +33,7 @@ def linear(
     b: torch.Tensor | None = None,  # [E]
 ) -> torch.Tensor:
     """``F.linear(x, w, b)`` ``[..., E]``; on CPU in bf16/fp16 computed on the rows padded to :func:`bucket_rows`."""
-    if x.device.type != "cpu" or x.dtype not in _PADDED_DTYPES:
+    if not pads(x):
         return F.linear(x, w, b)
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
@@ -42,3 +42,25 @@ def linear(
         return F.linear(x, w, b)
     padded = torch.cat([rows, rows.new_zeros(mb - m, rows.shape[1])])
     return F.linear(padded, w, b)[:m].view(*x.shape[:-1], w.shape[0])
+
+
+def pads(x: torch.Tensor) -> bool:
+    """Whether :func:`linear` pads rows of ``x``'s device and dtype to :func:`bucket_rows`."""
+    return x.device.type == "cpu" and x.dtype in _PADDED_DTYPES
+
+
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [M, F]`` with zero rows appended up to :func:`bucket_rows` where :func:`linear` would pad it (one copy
+    before a chain of GEMMs instead of one per GEMM); otherwise ``x`` itself."""
+    m = x.shape[0]
+    mb = bucket_rows(m) if pads(x) else m
+    return x if mb == m else torch.cat([x, x.new_zeros(mb - m, *x.shape[1:])])
+
+
+def bucket_index(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``index [R]`` extended with 0s up to :func:`bucket_rows` where :func:`linear` pads rows of ``like``'s
+    device and dtype: a gather through it yields GEMM-ready rows without a padding copy (the extra rows are
+    duplicates of row 0, their outputs dropped)."""
+    r = index.shape[0]
+    rb = bucket_rows(r) if pads(like) else r
+    return index if rb == r else torch.cat([index, index.new_zeros(rb - r)])

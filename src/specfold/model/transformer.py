@@ -24,7 +24,7 @@ from torch import nn
 from specfold.config import ModelConfig
 from specfold.model.attention import AttnState, attend, attend_prefill, attend_ragged, block_bias
 from specfold.model.cache import BatchCache, PrefixCache
-from specfold.model.linear import linear
+from specfold.model.linear import linear, pad_rows
 from specfold.model.rope import Rotary, apply_rotary
 
 # NOTE: measured on CPU (README, "Long prompts"): 1024 rows per chunk is as fast as one-shot at 4k prompts and keeps
@@ -92,9 +92,11 @@ class Layer(nn.Module):
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """h: ``[R, E]`` post-attention residual. RMSNorm -> fused gate/up -> SiLU·mul -> down. Returns ``[R, E]``."""
-        x = rms_norm(h, self.post_norm, self.eps)
+        m = h.shape[0]
+        x = pad_rows(rms_norm(h, self.post_norm, self.eps))  # padded once for both GEMMs (see model/linear.py)
         gate, up = linear(x, self.w_gate_up).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.w_down)
+        out = linear(F.silu(gate) * up, self.w_down)
+        return out if out.shape[0] == m else out[:m]
 
 
 class DLLM(nn.Module):
