@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from specfold.engine.gate import branch_depths, fold_mask, relative_residual, resolve_sources
@@ -34,6 +35,26 @@ def test_zero_norm_parent_folds_only_on_exact_match() -> None:
     assert rho[2, 0].item() == 0.0 and math.isinf(rho[2, 1].item())
     folded = fold_mask(rho, 0.5)
     assert bool(folded[2, 0]) and not bool(folded[2, 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_gate_without_identity_pass_decides_alike_above_zero(dtype) -> None:
+    """exact_zero=False (the gate of a pass at δ > 0) folds exactly the rows the full gate folds, for any δ > 0:
+    identical rows (also under a zero-norm parent) get the smallest normal ρ instead of 0."""
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(8, 6, 16, generator=gen, dtype=torch.float64)
+    for i in range(1, 8):
+        p = int(PARENTS[i])
+        size = torch.tensor([0.0, 1e-3, 0.05, 1.0])[torch.randint(0, 4, (6,), generator=gen)][:, None]
+        h[i] = h[p] + size * torch.randn(6, 16, generator=gen, dtype=torch.float64)
+    h[1, 2] = 0.0
+    h[2, 2] = 0.0  # an identical child of a zero-norm parent row
+    h = h.to(dtype)
+    full, fast = relative_residual(h, PARENTS), relative_residual(h, PARENTS, exact_zero=False)
+    assert bool((full == 0).any())
+    assert torch.equal(fast[full == 0], torch.full_like(fast[full == 0], torch.finfo(fast.dtype).tiny))
+    for delta in (1e-6, 0.01, 0.1, 0.5):
+        assert torch.equal(fold_mask(full, delta), fold_mask(fast, delta))
 
 
 def test_fold_mask_threshold_and_main_row() -> None:

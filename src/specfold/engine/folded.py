@@ -98,7 +98,7 @@ def gate_and_compact(
     """Gate (Eq. 4/5), source resolution and compaction of one layer. ``fold`` still pays for computing ρ, so a
     benchmark that imposes a fold ratio times the same work."""
     with part("gate"):
-        rho = relative_residual(h, parents)
+        rho = relative_residual(h, parents, exact_zero=delta == 0)
         if fold is None:
             folded = fold_mask(rho, delta, parents)
         else:  # imposed decisions; a root still never folds
@@ -331,7 +331,8 @@ def _ffn_step(
     k, n = plan.recompute.shape
     with part("gate"):
         if cfg.ffn == "residual":
-            ffn_recompute = ~fold_mask(relative_residual(h1.view(k, n, -1), ctx.parents), cfg.delta, ctx.parents)
+            rho_f = relative_residual(h1.view(k, n, -1), ctx.parents, exact_zero=cfg.delta == 0)
+            ffn_recompute = ~fold_mask(rho_f, cfg.delta, ctx.parents)
         else:
             ffn_recompute = plan.recompute
         r_ffn = int(ffn_recompute.sum())
