@@ -1,7 +1,10 @@
 """What one batched pass costs, for the README's "Batched decoding" section.
 
 1. A dense forward of R requests' blocks (one branch each; ``forward_ragged``), R = 1 and R = --batch: the bound on
-   vanilla's batch gain (R times the rows for how much more time).
+   vanilla's batch gain (R times the rows for how much more time). Beside it, the forward's GEMMs alone (every
+   layer's Q/K/V, output, gate/up and down projections and the LM head, timed on their own at the pass's row
+   count): ``ideal_gain`` = R · GEMMs(1) / GEMMs(R) is the gain with every other op free, ``amortised_gain`` =
+   R · forward(1) / GEMMs(R) the gain if R = 1 kept all its other costs and R = --batch paid none.
 2. The drafting passes of a spiffy batch decode at R = --batch, recorded as they happen and each re-timed (after a
    warm-up call) with the dense verifier and with the folded verifier in three settings: the default cost rule
    (``auto``), and folding wherever the gate says with attention ``direct`` or ``correct`` (Eq. 8).
@@ -25,6 +28,7 @@ from specfold.bench.batch import held_out_prompts
 from specfold.decoding.batch import decode_batch
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
+from specfold.model.linear import linear
 
 
 def forward_ms(model, prompts, r: int, repeats: int = 20) -> float:
@@ -42,6 +46,28 @@ def forward_ms(model, prompts, r: int, repeats: int = 20) -> float:
     return (time.perf_counter() - t) / repeats * 1e3
 
 
+def gemm_ms(model, rows: int, repeats: int = 20) -> float:
+    """The GEMMs of one forward over ``rows`` block rows, timed alone (the model's weights, bucketed like the model)."""
+    net, c = model.net, model.config
+    x = torch.randn(rows, c.hidden_size).to(net.dtype)
+    wide = torch.randn(rows, c.intermediate_size).to(net.dtype)
+
+    def run() -> None:
+        for layer in net.layers:
+            linear(x, layer.wqkv, layer.bqkv)
+            linear(x, layer.wo)
+            linear(x, layer.w_gate_up)
+            linear(wide, layer.w_down)
+        linear(x, net.head_weight())
+
+    with torch.no_grad():
+        run()
+        t = time.perf_counter()
+        for _ in range(repeats):
+            run()
+    return (time.perf_counter() - t) / repeats * 1e3
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=24)
@@ -52,7 +78,10 @@ def main() -> None:
     model = load_model(None, dtype=args.dtype)
     prompts = held_out_prompts(model, ["synth-math", "synth-code", "synth-if"], args.prompts)
     forward = {r: forward_ms(model, prompts, r) for r in (1, args.batch)}
-    report = {"dtype": args.dtype, "batch": args.batch, "dense_forward_ms": forward}
+    gemms = {r: gemm_ms(model, r * model.config.block_size) for r in (1, args.batch)}
+    report = {"dtype": args.dtype, "batch": args.batch, "dense_forward_ms": forward, "gemm_only_ms": gemms,
+              "ideal_gain": args.batch * gemms[1] / gemms[args.batch],
+              "amortised_gain": args.batch * forward[1] / gemms[args.batch]}
     cfg = decode_config_for(model, 64, 0.9, None, "auto", None)
     spiffy = prepare_method(model, "spiffy", cfg.small_block_size, block_size=cfg.block_size)
     always = {"cost": None, "dense_fallback": False}
