@@ -1,7 +1,5 @@
 """Batched block decoding with continuous batching: up to ``max_batch`` requests share one forward per step.
 
-Dims: ``R`` active requests, ``N`` block length, ``V`` vocabulary.
-
 Dims: ``R`` active requests, ``K`` branches per request in a pass (padded to the largest), ``N`` block length,
 ``V`` vocabulary.
 

@@ -26,7 +26,7 @@ class DenseVerifier:
 
     @torch.no_grad()
     def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult:
-        """Every request's real branches in one ragged forward; padding rows skip the GEMMs and the LM head."""
+        """Every request's real branches in one ragged forward; padding rows are never computed."""
         r, k, n = batch.states.shape
         full = all(b == k for b in batch.branches)
         raw = self.net.forward_ragged(batch.states, batch.cache, batch.slots, batch.lengths,
