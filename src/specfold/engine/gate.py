@@ -14,13 +14,52 @@ walks those chains to the nearest ancestor (self included) where the position is
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass(frozen=True)
+class BranchGraph:
+    """A pass's branch graph in the forms the gate reads, built once per pass rather than in every layer's gates
+    (the folded engine's layer loop is op-bound: each small op it saves is ~5–20 µs per layer, twice per layer).
+
+    ``ancestors[i, j]`` is the ``j``-th ancestor of branch ``i`` (``j = 0``: ``i`` itself), repeating the root once
+    reached; ``A`` = the deepest chain's length. A graph may hold several roots (one per request)."""
+
+    parents: torch.Tensor  # [K] long, -1 for a root
+    par: torch.Tensor  # [K] long: the parent, a root its own index
+    nonroot: torch.Tensor  # [K] bool
+    ancestors: torch.Tensor  # [K, A] long
+
+    @classmethod
+    def of(cls, parents: torch.Tensor | Sequence[int], device: torch.device | str | None = None) -> BranchGraph:
+        """From parents ``[K]`` (``parents[i] < i``, -1 for a root); a tensor is read to the host once."""
+        if isinstance(parents, torch.Tensor):
+            device = parents.device if device is None else device
+            parents = parents.tolist()
+        host = [int(p) for p in parents]
+        chains = []
+        for i, p in enumerate(host):
+            if p >= i:
+                raise ValueError(f"parents must satisfy parents[i] < i, got {host}")
+            chains.append([i] if p < 0 else [i, *chains[p]])
+        width = max((len(c) for c in chains), default=1)
+        anc = [c + [c[-1]] * (width - len(c)) for c in chains]
+        par = [i if p < 0 else p for i, p in enumerate(host)]
+        t = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+        return cls(parents=t(host), par=t(par), nonroot=t([p >= 0 for p in host], torch.bool),
+                   ancestors=t(anc).view(len(host), width))
+
+
+def as_graph(parents: torch.Tensor | BranchGraph) -> BranchGraph:
+    return parents if isinstance(parents, BranchGraph) else BranchGraph.of(parents)
+
+
 def relative_residual(
     h: torch.Tensor,  # [K, N, E] layer input of every branch
-    parents: torch.Tensor,  # [K] long, -1 for a root (a main branch)
+    parents: torch.Tensor | BranchGraph,  # [K] long, -1 for a root (a main branch)
     exact_zero: bool = True,
 ) -> torch.Tensor:
     """Eq. 4. Returns ρ ``[K, N]`` (fp32; fp64 for fp64 models); a root (main) row is ``+inf`` (always recompute).
@@ -29,7 +68,8 @@ def relative_residual(
     the child equals it (the ratio is undefined there). ``exact_zero=False`` skips the identity test (one pass of
     five): a row whose difference norm is 0 (identical, or squares underflowed) gets the smallest normal ρ
     instead, so Eq. 5 decides alike for every δ > 0 — the gate of a pass at δ > 0."""
-    par = parents.clamp(min=0).to(h.device)
+    g = as_graph(parents)
+    par = g.par.to(h.device)
     acc = torch.float64 if h.dtype == torch.float64 else torch.float32
     # NOTE: five vectorised passes over the rows (0.2 ms vs 1.2 ms for an fp32-upcast, eq/all form at K = N = 32,
     # E = 256 bf16 on this project's CPU). The difference is taken in the model dtype: IEEE subtraction gives exactly
@@ -43,46 +83,44 @@ def relative_residual(
     num = torch.linalg.vector_norm(d, dim=-1, **wide).to(acc)
     den = torch.linalg.vector_norm(h, dim=-1, **wide).to(acc).index_select(0, par)  # ‖H[par(i)]‖: one norm of H
     tiny = torch.finfo(acc).tiny
-    rho = torch.where(den == 0, math.inf, (num / den).clamp(min=tiny))
+    ratio = (num / den).clamp_(min=tiny)  # 0 / 0 = nan (clamp keeps it), x / 0 = inf
     if exact_zero:
+        rho = torch.where(den == 0, math.inf, ratio)
         rho = torch.where(d.abs().sum(dim=-1, **wide) == 0, 0.0, rho)  # bit-identical rows
-    else:
-        rho = torch.where(num == 0, tiny, rho)
-    return rho.masked_fill((parents < 0).to(h.device)[:, None], math.inf)
+    else:  # a zero difference under a zero-norm parent (0 / 0) is a fold too
+        rho = torch.nan_to_num_(ratio, nan=tiny, posinf=math.inf)
+    return rho.masked_fill_(~g.nonroot.to(h.device)[:, None], math.inf)
 
 
-def fold_mask(rho: torch.Tensor, delta: float, parents: torch.Tensor | None = None) -> torch.Tensor:
+def fold_mask(rho: torch.Tensor, delta: float, parents: torch.Tensor | BranchGraph | None = None) -> torch.Tensor:
     """Eq. 5. rho: ``[K, N]``; parents ``[K]`` (-1 for a root; default: row 0 is the only root). Returns folded
     ``[K, N]`` bool (ρ ≤ δ); a root never folds."""
-    roots = torch.zeros(rho.shape[0], dtype=torch.bool, device=rho.device)
     if parents is None:
-        roots[0] = True
+        nonroot = torch.ones(rho.shape[0], dtype=torch.bool, device=rho.device)
+        nonroot[0] = False
+    elif isinstance(parents, BranchGraph):
+        nonroot = parents.nonroot.to(rho.device)
     else:
-        roots = (parents < 0).to(rho.device)
-    return (rho <= delta) & ~roots[:, None]
-
-
-def depth_steps(branches: int) -> int:
-    """Pointer-jumping rounds that resolve any chain in a graph of ``branches`` nodes (depth ≤ branches − 1)."""
-    return max(0, math.ceil(math.log2(branches))) if branches > 1 else 0
+        nonroot = (parents >= 0).to(rho.device)
+    return (rho <= delta) & nonroot[:, None]
 
 
 def resolve_sources(
     recompute: torch.Tensor,  # [K, N] bool, roots all True
-    parents: torch.Tensor,  # [K] long, -1 for a root
+    parents: torch.Tensor | BranchGraph,  # [K] long, -1 for a root
 ) -> torch.Tensor:
     """Nearest ancestor (self included) in which each position is recomputed. Returns src ``[K, N]`` long.
 
-    One hop is ``next[i,n] = i`` if recomputed else ``par(i)``; pointer jumping (``ptr ← ptr[ptr]``) doubles the
-    walked distance per round, so ``⌈log2 K⌉`` rounds reach the root of every chain — a loop over graph depth,
-    never over rows. Requires every root's row all True (a main branch is every chain's end)."""
+    Every branch's chain of ancestors is a row of :attr:`BranchGraph.ancestors`; gathering the recompute flags
+    along it gives ``[K, A, N]``, and the first ancestor that recomputes is the source — four ops whatever the
+    graph's depth, never a loop over rows. Requires every root's row all True (a main branch is every chain's
+    end)."""
+    g = as_graph(parents)
     k, n = recompute.shape
-    rows = torch.arange(k, device=recompute.device)[:, None].expand(k, n)
-    par = parents.to(recompute.device).clamp(min=0)[:, None].expand(k, n)
-    ptr = torch.where(recompute, rows, par)
-    for _ in range(depth_steps(k)):
-        ptr = ptr.gather(0, ptr)
-    return ptr
+    anc = g.ancestors.to(recompute.device)
+    hit = recompute.index_select(0, anc.reshape(-1)).view(k, anc.shape[1], n)  # [K, A, N]
+    first = hit.to(torch.uint8).argmax(dim=1)  # [K, N]: the first maximal entry, i.e. the nearest recomputing one
+    return anc.gather(1, first)
 
 
 def branch_depths(parents: list[int]) -> list[int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specfold.engine.correction import DEFAULT_GUARD
+from specfold.engine.gate import BranchGraph
 
 BACKENDS = ("torch", "triton")  # "triton": specfold.engine.triton_backend, imported only when chosen
 FFN_MODES = ("residual", "paper")
@@ -79,6 +80,7 @@ class LayerContext:
     parents: torch.Tensor  # [K] long, -1 for a root (a main branch)
     prefix_len: torch.Tensor | None = None  # [R] int32: live prefix keys per request (None: the whole view)
     branch_request: torch.Tensor | None = None  # [K] long, ascending: request of each branch (None: K / R each)
+    graph: BranchGraph | None = None  # ``parents`` as the torch engine's gates read them (built once per pass)
 
 
 @dataclass
