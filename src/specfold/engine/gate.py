@@ -119,7 +119,7 @@ def resolve_sources(
     k, n = recompute.shape
     anc = g.ancestors.to(recompute.device)
     hit = recompute.index_select(0, anc.reshape(-1)).view(k, anc.shape[1], n)  # [K, A, N]
-    first = hit.to(torch.uint8).argmax(dim=1)  # [K, N]: the first maximal entry, i.e. the nearest recomputing one
+    first = hit.view(torch.uint8).argmax(dim=1)  # [K, N]: the first maximal entry, i.e. the nearest recomputing one
     return anc.gather(1, first)
 
 
