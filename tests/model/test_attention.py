@@ -22,6 +22,7 @@ def test_ragged_equals_each_request_over_its_own_prefix(kind, budget, monkeypatc
     request = torch.tensor([0, 0, 1, 2, 2, 2])  # ragged: 2, 1 and 3 branches
     bias = block_bias(kind, t, t, torch.float64)
     got = attend_ragged(q, pk, pv, lengths, request, bk, bv, bias, 0.3)
+    assert got.dtype == q.dtype and got.shape == q.shape
     for b, i in enumerate(request.tolist()):
         n = int(lengths[i])
         pre = (pk[i, :, :n], pv[i, :, :n]) if n else (None, None)

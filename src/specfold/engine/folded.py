@@ -53,7 +53,7 @@ from specfold.engine.layer_types import (
     LayerCounts,
     LayerTrace,
 )
-from specfold.model.attention import attend, attend_ragged
+from specfold.model.attention import accumulation_dtype, attend, attend_ragged
 from specfold.model.cache import PrefixCache
 from specfold.model.linear import bucket_index
 from specfold.model.transformer import DLLM, Layer
@@ -202,7 +202,7 @@ class _Attention:
     q: torch.Tensor  # [K, N, Hq, D] each row's (possibly inherited) query
     k: torch.Tensor  # [K, N, Hkv, D] each branch's block keys
     v: torch.Tensor  # [K, N, Hkv, D]
-    o: torch.Tensor  # [K, N, Hq, D] attention output (acc dtype)
+    o: torch.Tensor  # [K, N, Hq, D] attention output (acc dtype; the model dtype from fused attention)
     flagged: torch.Tensor  # [G] long: rows the guard sent to direct attention
     guard: torch.Tensor  # [K] number of those rows per branch
     corrected: torch.Tensor  # [K] folded rows per branch whose attention Eq. 8 corrected
@@ -253,7 +253,7 @@ def folded_layer(
     if trace:
         info = LayerTrace(
             h=h.view(k, n, -1).clone(), rho=plan.rho, recompute=plan.recompute, src=plan.src, q=att.q, k=att.k,
-            v=att.v, o=att.o, f=f_tab.view(k, n, -1), flagged=att.flagged, h1=att.h1.view(k, n, -1).clone(),
+            v=att.v, o=att.o.to(accumulation_dtype(h.dtype)), f=f_tab.view(k, n, -1), flagged=att.flagged, h1=att.h1.view(k, n, -1).clone(),
             ffn_recompute=ffn_recompute,
         )
     return h2, counts, info

@@ -185,7 +185,9 @@ def attend_ragged(
     scale: float,
 ) -> torch.Tensor:
     """Branch blocks of several requests, each over its request's ragged prefix and its own block. Returns
-    ``o [B, T, Hq, D]`` (accumulation dtype); no softmax state (the folded engine's Eq. 8 path keeps its own).
+    ``o [B, T, Hq, D]`` in q's dtype, as the fused kernel writes it (it accumulates in fp32 inside; widening its
+    output would add no digits, only two copies per layer); no softmax state (the folded engine's Eq. 8 path keeps
+    its own).
 
     Only the branches given are computed (requests may have different numbers of branches: no padding blocks).
     One fused SDPA call per group of branches: each branch's keys are its request's prefix followed by its own
@@ -194,7 +196,6 @@ def attend_ragged(
     P = 200 on this project's CPU); branches are grouped so one copy stays under :data:`SCORE_BUDGET` elements."""
     b, t, hq, d = q.shape
     hkv, p_len = block_k.shape[2], prefix_k.shape[2]
-    acc = accumulation_dtype(q.dtype)
     group = max(1, SCORE_BUDGET // max(1, (p_len + t) * hkv * d))
     request = request.to(q.device)
     keys = torch.arange(p_len, device=q.device)
@@ -217,4 +218,4 @@ def attend_ragged(
             mask[:, 0, :, p_len:] = bias.to(q.dtype)
         o = F.scaled_dot_product_attention(qs, bk, bv, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
         outs.append(o.transpose(1, 2))
-    return (outs[0] if len(outs) == 1 else torch.cat(outs)).to(acc)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
