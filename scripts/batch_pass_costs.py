@@ -8,6 +8,10 @@
 2. The drafting passes of a spiffy batch decode at R = --batch, recorded as they happen and each re-timed (after a
    warm-up call) with the dense verifier and with the folded verifier in three settings: the default cost rule
    (``auto``), and folding wherever the gate says with attention ``direct`` or ``correct`` (Eq. 8).
+3. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
+   choice of the cost rule beyond its dense counterpart inside the same folded layer (the gate is paid either way):
+   attention ``direct`` and ``correct`` against a dense attention part, a folded FFN against a dense one — the
+   counts behind ``OPS_DIRECT``, ``OPS_CORRECT`` and ``OPS_FFN`` in ``specfold/engine/cost.py``.
 
     python scripts/batch_pass_costs.py [--prompts 24] [--batch 8] [--dtype bf16]
 
@@ -25,6 +29,7 @@ import torch
 
 from specfold.api import decode_config_for, load_model, prepare_method
 from specfold.bench.batch import held_out_prompts
+from specfold.bench.ops import count_ops
 from specfold.decoding.batch import decode_batch
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
@@ -68,6 +73,30 @@ def gemm_ms(model, rows: int, repeats: int = 20) -> float:
     return (time.perf_counter() - t) / repeats * 1e3
 
 
+class Forced:
+    """A cost rule that always makes the same choices (for counting what each choice dispatches)."""
+
+    def __init__(self, attention: str, ffn: bool) -> None:
+        self.attention, self.ffn = attention, ffn
+
+    def attention_plan(self, *args, **kwargs) -> str:
+        return self.attention
+
+    def ffn_folds(self, *args) -> bool:
+        return self.ffn
+
+
+def extra_ops_per_layer(model, batch) -> dict[str, float]:
+    """Ops per layer of each choice minus its dense counterpart's, on one recorded pass."""
+    def ops(attention: str, ffn: bool) -> float:
+        v = FoldedVerifier(model.net, 0.1, cost=Forced(attention, ffn))
+        return count_ops(lambda: v.verify_batch(batch)).total / len(model.net.layers)
+
+    base = ops("dense", True)
+    return {"direct": ops("direct", True) - base, "correct": ops("correct", True) - base,
+            "ffn": base - ops("dense", False)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=24)
@@ -89,6 +118,7 @@ def main() -> None:
                  "direct": FoldedVerifier(model.net, 0.1, attention="direct", **always),
                  "correct": FoldedVerifier(model.net, 0.1, attention="correct", **always)}
     seconds, counts = collections.Counter(), collections.Counter()
+    recorded = []
     dense_verify = spiffy.verifier.verify_batch
 
     def timed(batch):
@@ -102,6 +132,7 @@ def main() -> None:
             counts["passes"] += 1
             counts["branch_rows"] += batch.states.shape[0] * batch.states.shape[1]
             counts["real_branches"] += sum(batch.branches)
+            recorded.append(batch)
         return dense_verify(batch)
 
     spiffy.verifier.verify_batch = timed
@@ -109,6 +140,7 @@ def main() -> None:
     report["drafting_passes"] = dict(counts)
     report["pass_ms"] = {k: 1e3 * v / counts["passes"] for k, v in seconds.items()}
     report["vs_dense"] = {k: v / seconds["dense"] for k, v in seconds.items()}
+    report["extra_ops_per_layer"] = extra_ops_per_layer(model, max(recorded, key=lambda b: sum(b.branches)))
     print(json.dumps(report))
 
 

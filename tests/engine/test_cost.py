@@ -7,7 +7,7 @@ import pytest
 import torch
 from tests.engine.test_folded_verifier import PARENTS, _setup
 
-from specfold.engine.cost import OPS_CORRECT, OPS_FFN, LayerCost, measure_machine
+from specfold.engine.cost import OPS_CORRECT, OPS_DIRECT, OPS_FFN, LayerCost, measure_machine
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.engine.layer_types import FoldConfig
@@ -27,7 +27,7 @@ def test_attention_plan_follows_the_formulas() -> None:
     assert cost.attention_plan(m, n, 0, r=100, c=150) == "direct"  # no prefix: Eq. 8's C·R work is all cost
     # Bookkeeping dearer than what folding saves: dense.
     saved = (m - 250) * (cost.qkv + cost.attn_per_key * (512 + n))
-    pricey = LayerCost.of(1536, 12, 2, 128, 8960, op_macs=2 * saved / OPS_CORRECT)
+    pricey = LayerCost.of(1536, 12, 2, 128, 8960, op_macs=2 * saved / min(OPS_DIRECT, OPS_CORRECT))
     assert pricey.attention_plan(m, n, 512, r=250, c=6) == "dense"
     assert pricey.attention_plan(m, n, 512, r=250, c=6, options=("correct",)) == "correct"
     assert cost.ffn_folds(m, m - 1) and not LayerCost.of(1536, 12, 2, 128, 8960, cost.ffn / OPS_FFN).ffn_folds(m, m - 1)

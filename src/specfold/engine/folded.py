@@ -253,8 +253,8 @@ def folded_layer(
     if trace:
         info = LayerTrace(
             h=h.view(k, n, -1).clone(), rho=plan.rho, recompute=plan.recompute, src=plan.src, q=att.q, k=att.k,
-            v=att.v, o=att.o.to(accumulation_dtype(h.dtype)), f=f_tab.view(k, n, -1), flagged=att.flagged, h1=att.h1.view(k, n, -1).clone(),
-            ffn_recompute=ffn_recompute,
+            v=att.v, o=att.o.to(accumulation_dtype(h.dtype)), f=f_tab.view(k, n, -1), flagged=att.flagged,
+            h1=att.h1.view(k, n, -1).clone(), ffn_recompute=ffn_recompute,
         )
     return h2, counts, info
 
