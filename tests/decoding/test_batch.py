@@ -164,7 +164,8 @@ def test_drafting_methods_batch_equals_batch_one_with_refill_fp64(model, name, d
 
 def test_folded_batch_pass_equals_each_request_alone_fp64(fd_ckpt):
     """One verify_batch over requests with different prefix lengths and branch counts (padding rows included)
-    gives each request the logits of its own one-request pass, for the torch engine's correct and direct paths."""
+    gives each request the logits of its own one-request pass, for the torch engine's correct and direct paths; a
+    pass without drafts (one branch per request, run densely) gives a root the same logits and statistics."""
     from specfold.engine.base import BatchBranches
     from specfold.engine.folded import FoldedVerifier
     from specfold.model.cache import BatchCache
@@ -193,6 +194,11 @@ def test_folded_batch_pass_equals_each_request_alone_fp64(fd_ckpt):
             alone = verifier.verify(cache.slot(r), states[r, :kr], parents[r, :kr])
             torch.testing.assert_close(out.logits[r], alone.logits, rtol=0, atol=1e-10)
             assert out.stats[r] == alone.stats, attention
+        # no request with a draft: the pass runs densely and reports what the folded path reports for a root
+        roots = BatchBranches(cache, torch.arange(3), torch.tensor(lengths), states[:, :1], parents[:, :1], [1, 1, 1])
+        bare = verifier.verify_batch(roots)
+        torch.testing.assert_close(bare.logits[1], out.logits[1], rtol=0, atol=1e-10)
+        assert bare.stats[1] == out.stats[1]
 
 
 @pytest.mark.parametrize(("method", "delta"), [("spiffy", None), ("specfold", 0.0)])

@@ -45,6 +45,7 @@ from specfold.engine.attention_rows import attend_rows
 from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
 from specfold.engine.correction import correct_rows
 from specfold.engine.cost import LayerCost, measure_machine
+from specfold.engine.dense import DenseVerifier
 from specfold.engine.gate import BranchGraph, as_graph, branch_depths, fold_mask, relative_residual, resolve_sources
 from specfold.engine.layer_types import (
     FoldConfig,
@@ -385,6 +386,8 @@ class FoldedVerifier:
                                 machine.op_macs)
         self.net, self.cfg, self.cost = net, cfg, cost
         self._imposed_masks: dict[tuple[int, int], torch.Tensor] = {}  # cfg.imposed_fold's, per (K, N)
+        self._dense = DenseVerifier(net)  # passes without drafts (see _root_stats)
+        self._root_stats_of: dict[int, dict[str, float]] = {}  # per N
 
     @property
     def delta(self) -> float:
@@ -410,6 +413,8 @@ class FoldedVerifier:
         """The pass; with ``trace`` also every layer's tables (:class:`LayerTrace`)."""
         net = self.net
         k, n = states.shape
+        if k == 1 and not trace:  # no drafts: nothing can fold
+            return VerifyResult(self._dense.verify(cache, states, parents).logits, self._root_stats(n)), None
         par, checked = self._parents(parents[None])
         cos, sin, qscale = net.rope_tables(cache.length, n)
         graph = BranchGraph.of(checked[0], net.device) if self.cfg.backend == "torch" else None
@@ -429,6 +434,9 @@ class FoldedVerifier:
         which is decided for the whole pass."""
         net = self.net
         r, kb, n = batch.states.shape
+        if all(b == 1 for b in batch.branches):  # no request has drafts (every block start at R = 1)
+            logits = self._dense.verify_batch(batch).logits
+            return BatchVerifyResult(logits, [dict(self._root_stats(n)) for _ in batch.branches])
         dev = net.device
         local, checked = self._parents(batch.parents)
         lengths = batch.lengths.to(dev)
@@ -459,6 +467,18 @@ class FoldedVerifier:
         logits, counts, _ = self.forward(states, ctx, prefixes, head_rows=None if ragged else keep)
         per_request = list(torch.split(logits, batch.branches))
         return BatchVerifyResult(per_request, fold_stats_batch(counts, checked, n, batch.branches, starts))
+
+    def _root_stats(self, n: int) -> dict[str, float]:
+        """The statistics of a one-branch request (every row recomputed at every layer), as
+        :func:`fold_stats_batch` reports them. A pass in which no request has a draft has nothing to fold, so it
+        runs as the dense pass: the same rows computed, without the gate, packing and cost-rule ops of every
+        layer."""
+        if n not in self._root_stats_of:
+            one, none = torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+            counts = [LayerCounts(folded=none, ffn_folded=none, guard=none, recomputed=one * n, corrected=none,
+                                  dense=True) for _ in self.net.layers]
+            self._root_stats_of[n] = fold_stats_batch(counts, [[-1]], n, [1])[0]
+        return self._root_stats_of[n]
 
     def _parents(self, parents: torch.Tensor) -> tuple[torch.Tensor, list[list[int]] | torch.Tensor]:
         """Local parents ``[R, K]`` on the device, made safe, and what :func:`fold_stats_batch` validates: host lists
