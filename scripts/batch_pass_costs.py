@@ -4,7 +4,10 @@
    vanilla's batch gain (R times the rows for how much more time). Beside it, the forward's GEMMs alone (every
    layer's Q/K/V, output, gate/up and down projections and the LM head, timed on their own at the pass's row
    count): ``ideal_gain`` = R · GEMMs(1) / GEMMs(R) is the gain with every other op free, ``amortised_gain`` =
-   R · forward(1) / GEMMs(R) the gain if R = 1 kept all its other costs and R = --batch paid none.
+   R · forward(1) / GEMMs(R) the gain if R = 1 kept all its other costs and R = --batch paid none,
+   ``forward_gain`` the measured R · forward(1) / forward(R). ``other_ms`` is the forward's time outside the GEMMs;
+   ``other_growth`` how much it grows from R = 1 to R = --batch, ``other_growth_for_3x`` the most it may grow for a
+   3× gain with the GEMMs as measured (below 1: 3× is out of reach even if the other ops cost nothing more).
 2. The drafting passes of a spiffy batch decode at R = --batch, recorded as they happen and each re-timed (after a
    warm-up call) with the dense verifier and with the folded verifier in three settings: the default cost rule
    (``auto``), and folding wherever the gate says with attention ``direct`` or ``correct`` (Eq. 8).
@@ -109,8 +112,13 @@ def main() -> None:
     forward = {r: forward_ms(model, prompts, r) for r in (1, args.batch)}
     gemms = {r: gemm_ms(model, r * model.config.block_size) for r in (1, args.batch)}
     report = {"dtype": args.dtype, "batch": args.batch, "dense_forward_ms": forward, "gemm_only_ms": gemms,
+              "forward_gain": args.batch * forward[1] / forward[args.batch],
               "ideal_gain": args.batch * gemms[1] / gemms[args.batch],
               "amortised_gain": args.batch * forward[1] / gemms[args.batch]}
+    other = {r: forward[r] - gemms[r] for r in forward}
+    report["other_ms"] = other
+    report["other_growth"] = other[args.batch] / other[1]
+    report["other_growth_for_3x"] = (args.batch * forward[1] - 3 * gemms[args.batch]) / 3 / other[1]
     cfg = decode_config_for(model, 64, 0.9, None, "auto", None)
     spiffy = prepare_method(model, "spiffy", cfg.small_block_size, block_size=cfg.block_size)
     always = {"cost": None, "dense_fallback": False}
