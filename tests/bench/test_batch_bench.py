@@ -54,3 +54,18 @@ def test_cli_bench_batch_json(capsys):
     assert all(r["requests"] == 2 and r["model"] == "embedded" for r in rows)
     by = {(r["method"], r["batch_size"]): r for r in rows}
     assert by["spiffy", 1]["generated_tokens"] == by["vanilla", 1]["generated_tokens"]  # lossless: same tokens
+
+
+def test_cli_bench_batch_without_batch_one(capsys):
+    """Without R = 1 in the grid there is no batch-1 decode to agree with: agreement is null in the JSON (valid
+    JSON, no NaN) and '-' in the table, as is 'vs R=1'."""
+    from specfold.cli import main
+
+    args = ["bench", "batch", "--prompts", "2", "--batch-sizes", "2", "--methods", "vanilla", "--max-new-tokens", "8",
+            "--dtype", "fp32"]
+    assert main([*args, "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["batch_size"] == 2 and row["agreement"] is None
+    assert main(args) == 0
+    line = capsys.readouterr().out.splitlines()[-1].split()
+    assert line[:2] == ["2", "vanilla"] and line[3] == "-" and line[-1] == "-"

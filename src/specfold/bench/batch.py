@@ -58,7 +58,7 @@ class BatchPoint:
     nfe: int  # summed over the requests
     accepted_drafts: int
     fold_ratio: float | None  # attention gate, over every request's passes; None without folding
-    agreement: float  # fraction of requests with the method's batch-1 tokens
+    agreement: float | None  # fraction of requests with the method's batch-1 tokens; None without R = 1 in the grid
     repeats: int
 
     def as_dict(self) -> dict:
@@ -120,7 +120,7 @@ def bench_batch(
                     stats[key] = stats.get(key, 0.0) + v
             tokens = sum(x.generated_tokens for x in results)
             agree = (sum(a.token_ids == b.token_ids for a, b in zip(results, base, strict=True)) / len(results)
-                     if base is not None else float("nan"))
+                     if base is not None else None)
             points.append(BatchPoint(
                 method=name, batch_size=r, requests=len(results), generated_tokens=tokens, wall_seconds=wall,
                 wall_spread=reps[-1][0] - reps[0][0], tokens_per_second=tokens / wall,

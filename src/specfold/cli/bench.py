@@ -208,9 +208,9 @@ def run_batch(args: argparse.Namespace) -> int:
         one = base.get((p.method, 1))
         sp = base.get(("spiffy", p.batch_size))
         fr = "-" if p.fold_ratio is None else f"{p.fold_ratio:.2f}"
-        print(f"{p.batch_size:>3} {p.method:<9} {p.tokens_per_second:>8.1f} "
-              f"{p.tokens_per_second / one.tokens_per_second if one else float('nan'):>7.2f} "
-              f"{p.tokens_per_second / sp.tokens_per_second if sp else float('nan'):>9.2f} "
-              f"{p.latency_p50:>7.2f} {p.latency_p95:>7.2f} {p.nfe:>6} {p.accepted_drafts:>5} {fr:>5} "
-              f"{p.agreement:>6.2f}")
+        vs_one = "-" if one is None else f"{p.tokens_per_second / one.tokens_per_second:.2f}"
+        vs_spiffy = "-" if sp is None else f"{p.tokens_per_second / sp.tokens_per_second:.2f}"
+        agree = "-" if p.agreement is None else f"{p.agreement:.2f}"
+        print(f"{p.batch_size:>3} {p.method:<9} {p.tokens_per_second:>8.1f} {vs_one:>7} {vs_spiffy:>9} "
+              f"{p.latency_p50:>7.2f} {p.latency_p95:>7.2f} {p.nfe:>6} {p.accepted_drafts:>5} {fr:>5} {agree:>6}")
     return 0
