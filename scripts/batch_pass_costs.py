@@ -17,6 +17,9 @@
    counts behind ``OPS_DIRECT``, ``OPS_CORRECT`` and ``OPS_FFN`` in ``specfold/engine/cost.py``.
 
     python scripts/batch_pass_costs.py [--prompts 24] [--batch 8] [--dtype bf16]
+    python scripts/batch_pass_costs.py --shape fast-dllm-v2-1.5b [--layers 2] [--vocab 32768]   # part 1 only
+
+``--shape``: part 1 on the random-weight model of ``specfold bench batch --shape`` (its prompts too).
 
 Prints one JSON object. One CPU thread; run it on a quiet machine.
 """
@@ -31,12 +34,13 @@ import time
 import torch
 
 from specfold.api import decode_config_for, load_model, prepare_method
-from specfold.bench.batch import held_out_prompts
+from specfold.bench.batch import held_out_prompts, random_shape_model
 from specfold.bench.ops import count_ops
 from specfold.decoding.batch import decode_batch
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
 from specfold.model.linear import linear
+from specfold.model.loading import parse_dtype
 
 
 def forward_ms(model, prompts, r: int, repeats: int = 20) -> float:
@@ -105,10 +109,19 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--shape", default=None, help="part 1 on a random-weight model at this shape")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     model = load_model(None, dtype=args.dtype)
-    prompts = held_out_prompts(model, ["synth-math", "synth-code", "synth-if"], args.prompts)
+    tasks = ["synth-math", "synth-code", "synth-if"]
+    if args.shape is not None:
+        text = model
+        model = random_shape_model(args.shape, args.layers, args.vocab, parse_dtype(args.dtype))
+        prompts = held_out_prompts(text, tasks, args.prompts, model.config.vocab_size)
+    else:
+        prompts = held_out_prompts(model, tasks, args.prompts)
     forward = {r: forward_ms(model, prompts, r) for r in (1, args.batch)}
     gemms = {r: gemm_ms(model, r * model.config.block_size) for r in (1, args.batch)}
     report = {"dtype": args.dtype, "batch": args.batch, "dense_forward_ms": forward, "gemm_only_ms": gemms,
@@ -119,6 +132,10 @@ def main() -> None:
     report["other_ms"] = other
     report["other_growth"] = other[args.batch] / other[1]
     report["other_growth_for_3x"] = (args.batch * forward[1] - 3 * gemms[args.batch]) / 3 / other[1]
+    if args.shape is not None:
+        report["shape"] = f"{args.shape} x{args.layers}L vocab {model.config.vocab_size}"
+        print(json.dumps(report))
+        return
     cfg = decode_config_for(model, 64, 0.9, None, "auto", None)
     spiffy = prepare_method(model, "spiffy", cfg.small_block_size, block_size=cfg.block_size)
     always = {"cost": None, "dense_fallback": False}
