@@ -9,4 +9,4 @@
 from specfold.api import GenerationResult, generate, load_model
 
 __all__ = ["GenerationResult", "generate", "load_model"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -15,13 +15,14 @@ from specfold.config import DecodeConfig
 from specfold.decoding.acceptance import BlockTrace, CalibrationPaths
 from specfold.decoding.batch import decode_batch
 from specfold.decoding.calibration import count_formulas, counts_from_json, graph_from_counts, graph_from_paths
-from specfold.decoding.decoder import Drafter, GenerationResult, decode
+from specfold.decoding.decoder import Drafter, GenerationResult, decode, lookahead_supported
 from specfold.decoding.draft_graph import DraftGraph, Formula
 from specfold.decoding.speculative import GraphDrafter, TraceRecorder
 from specfold.engine.base import Verifier
 from specfold.engine.dense import DenseVerifier
 from specfold.model.loading import LoadedModel, load_model
 from specfold.validation import (
+    ValidationError,
     check_delta,
     check_graph,
     check_graph_budget,
@@ -149,7 +150,10 @@ def resolve_graph(
         b = budget or DEFAULT_BUDGET
         if paths_path.is_file():
             paths = CalibrationPaths.load(paths_path)
-            return graph_from_paths(paths, b, depth, model=model.name, provenance={"source": PATHS_FILE})
+            # the shipped graph's draft cost, so that every B / depth cap gets a policy for the same machine
+            cost = DraftGraph.load(shipped).provenance.get("draft_cost", 0.0) if shipped.is_file() else 0.0
+            provenance = {"source": PATHS_FILE}
+            return graph_from_paths(paths, b, depth, model=model.name, provenance=provenance, draft_cost=cost)
         if not counts_path.is_file():
             raise ValueError(f"no draft graph for {model.path}: pass --graph FILE (make one with `specfold calibrate`)")
         counts = counts_from_json(json.loads(counts_path.read_text()))
@@ -180,14 +184,17 @@ def prepare_method(
     attention: str | None = None,
     *,
     block_size: int | None = None,
+    lookahead: bool | None = None,
 ) -> Method:
     """The verifier and drafter of ``method``. Options left None take their defaults (δ 0.1, backend ``torch``,
-    FFN ``residual``, attention ``auto``); an option given for a method it does not apply to is refused (``delta``
-    with spiffy or vanilla, ``graph`` with vanilla, ...). ``block_size`` (the run's) checks the graph against it."""
+    FFN ``residual``, attention ``auto``, boundary drafts ``lookahead`` wherever the model and block size allow
+    them; True requires them, False turns them off); an option given for a method it does
+    not apply to is refused (``delta`` with spiffy or vanilla, ``graph`` with vanilla, ...). ``block_size`` (the
+    run's) checks the graph against it (and that boundary drafts can run)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     options = {"graph": graph, "budget": budget, "depth": depth, "delta": delta, "backend": backend, "ffn": ffn,
-               "attention": attention}
+               "attention": attention, "lookahead": lookahead}
     check_method_options(method, options)
     if method == "specfold":
         delta = check_delta(0.1 if delta is None else delta)
@@ -195,7 +202,11 @@ def prepare_method(
         return Method("vanilla", DenseVerifier(model.net), None)
     g = resolve_graph(model, graph, budget, depth)
     check_graph(g, block_size, model.config.vocab_size)
-    drafter = GraphDrafter(g, model.mask_id, small_block_size, model.stop_id, device=model.net.device)
+    why = lookahead_supported(model.net, model.config.family, block_size or model.config.block_size)
+    if lookahead and why is not None:
+        raise ValidationError(f"lookahead: {why}")
+    on = why is None if lookahead is None else lookahead
+    drafter = GraphDrafter(g, model.mask_id, small_block_size, model.stop_id, device=model.net.device, lookahead=on)
     if method == "spiffy":
         return Method("spiffy", DenseVerifier(model.net), drafter, g)
     from specfold.engine.folded import FoldedVerifier
@@ -225,6 +236,7 @@ def generate(
     chat: bool = True,
     prefill_chunk: int | None = None,
     batch_size: int = 8,
+    lookahead: bool | None = None,
 ) -> GenerationResult | list[GenerationResult]:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result; a
     list of prompts (texts or id lists) returns one result per prompt, in order, decoded through a continuous
@@ -232,7 +244,9 @@ def generate(
     that specfold at ``delta > 0`` under the cost rule picks a layer's dense fallback for the whole pass).
 
     ``method``: ``vanilla``; ``spiffy`` (drafts from a calibrated graph, dense verification); ``specfold`` (the
-    same drafts, folded verification with threshold ``delta``, default 0.1; ``ffn`` ``residual`` or ``paper``). All
+    same drafts, folded verification with threshold ``delta``, default 0.1; ``ffn`` ``residual`` or ``paper``);
+    ``lookahead``: spiffy's and specfold's boundary drafts (:mod:`specfold.decoding.decoder`; default: where the
+    family allows them, False turns them off). All
     three produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``); ``delta > 0`` trades exactness
     for speed. Options that the method does not use (``delta`` with vanilla, ...) are refused, as are prompt ids
     outside the vocabulary (before anything is decoded).
@@ -240,7 +254,7 @@ def generate(
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk)
     m = prepare_method(
         model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn, attention,
-        block_size=cfg.block_size,
+        block_size=cfg.block_size, lookahead=lookahead,
     )
     several = isinstance(prompt_or_ids, list | tuple) and bool(prompt_or_ids) and not isinstance(prompt_or_ids[0], int)
     prompts = list(prompt_or_ids) if several else [prompt_or_ids]

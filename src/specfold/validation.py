@@ -48,6 +48,7 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "graph": ("spiffy", "specfold"),
     "budget": ("spiffy", "specfold"),
     "depth": ("spiffy", "specfold"),
+    "lookahead": ("spiffy", "specfold"),
     "delta": ("specfold",),
     "backend": ("specfold",),
     "ffn": ("specfold",),

@@ -45,11 +45,12 @@ class ScriptedNet:
 
     def position_logits(self, raw: torch.Tensor) -> torch.Tensor:
         if self.cfg.shifted_logits:
-            return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+            return torch.cat([raw[:, -1:], raw[:, :-1]], dim=1)
         return raw
 
     def __call__(
-        self, tokens: torch.Tensor, cache: PrefixCache, mask: str = "bidirectional", write_cache=False, logit_rows=None
+        self, tokens: torch.Tensor, cache: PrefixCache, mask: str = "bidirectional", write_cache=False, logit_rows=None,
+        cache_rows=None,
     ):
         b, t = tokens.shape
         start = cache.length
@@ -57,7 +58,7 @@ class ScriptedNet:
         ahead = 1 if (mask != "bidirectional" or self.cfg.shifted_logits) else 0
         rows = torch.stack([self.design(start + i + ahead) for i in range(t)])
         if write_cache:
-            cache.commit(t)
+            cache.commit(t if cache_rows is None else cache_rows)
         out = rows.expand(b, t, V).clone()
         return out if logit_rows is None else out[:, logit_rows]
 

@@ -21,7 +21,8 @@ def _rec(task, method, label, sample, correct, nfe, nfe_denoise, tokens, seconds
 SPEC = "specfold[delta=0.1]"
 RECORDS = [
     _rec("synth-math", "vanilla", "vanilla", 0, True, 10, 8, 20, 1.0),
-    _rec("synth-math", "specfold", SPEC, 0, True, 6, 4, 20, 0.5, accepted_drafts=3, draft_triples=100.0,
+    _rec("synth-math", "specfold", SPEC, 0, True, 6, 4, 20, 0.5, accepted_drafts=3, boundary_drafts=1,
+         draft_triples=100.0,
          folded_triples=50.0, ffn_folded_triples=60.0, guard_fallbacks=1.0),
     _rec("synth-math", "spiffy", None, 0, False, 9, 6, 27, 1.8, accepted_drafts=3),  # no label: the method names it
     _rec("synth-math", "vanilla", "vanilla", 1, False, 14, 12, 28, 3.0),
@@ -34,7 +35,8 @@ RECORDS = [
 
 # By hand. synth-math vanilla: 1 of 2 correct; NFE (10 + 14) / 2 = 12; tokens 48 over 24 forwards = 2 per forward,
 # over 4 s = 12 tok/s. specfold: 2 of 2; NFE 6; 48 / 12 = 4 tok/fwd; 48 / 2 s = 24 tok/s; accepted 8 over 8
-# denoise passes = 1; folded 150 of 400 draft triples = 0.375 (FFN gate: 160 of 400 = 0.4); guard 1 + 2.
+# denoise passes = 1; 1 boundary draft over 2 samples = 0.5;
+# folded 150 of 400 draft triples = 0.375 (FFN gate: 160 of 400 = 0.4); guard 1 + 2.
 # spiffy: NFE 9, 27 / 9 = 3 tok/fwd,
 # 27 / 1.8 = 15 tok/s, 3 accepted over 6 passes. Ratios to vanilla: NFE 6 / 12, 9 / 12; tok/s 24 / 12, 15 / 12.
 # synth-code specfold: 10 accepted over 5 passes (no nfe_denoise: the NFE), 0 s -> 0 tok/s. Latency: mean seconds
@@ -47,16 +49,17 @@ WANT = {
                     "tps_vs_vanilla": 1.0},
         SPEC: {"n": 2, "accuracy": 1.0, "nfe_per_sample": 6.0, "tokens_per_forward": 4.0, "tokens_per_second": 24.0,
                "latency_seconds": 1.0, "generated_tokens_per_sample": 24.0, "accepted_per_step": 1.0,
-               "fold_ratio": 0.375, "ffn_fold_ratio": 0.4,
+               "boundary_drafts_per_sample": 0.5, "fold_ratio": 0.375, "ffn_fold_ratio": 0.4,
                "guard_fallbacks": 3.0, "nfe_vs_vanilla": 0.5, "tps_vs_vanilla": 2.0},
         "spiffy": {"n": 1, "accuracy": 0.0, "nfe_per_sample": 9.0, "tokens_per_forward": 3.0,
                    "tokens_per_second": 15.0, "latency_seconds": 1.8, "generated_tokens_per_sample": 27.0,
-                   "accepted_per_step": 0.5,
+                   "accepted_per_step": 0.5, "boundary_drafts_per_sample": 0.0,
                    "nfe_vs_vanilla": 0.75, "tps_vs_vanilla": 1.25},
     },
     "synth-code": {
         SPEC: {"n": 1, "accuracy": 1.0, "nfe_per_sample": 5.0, "tokens_per_forward": 2.0, "tokens_per_second": 0.0,
-               "latency_seconds": 0.0, "generated_tokens_per_sample": 10.0, "accepted_per_step": 2.0},
+               "latency_seconds": 0.0, "generated_tokens_per_sample": 10.0, "accepted_per_step": 2.0,
+               "boundary_drafts_per_sample": 0.0},
     },
 }
 

@@ -165,7 +165,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
+def add_method_args(p: argparse.ArgumentParser, multi: bool = False, lookahead: bool = True) -> None:
     g = p.add_argument_group("speculation (spiffy, specfold)")
     if multi:
         g.add_argument(
@@ -184,6 +184,16 @@ def add_method_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
     g.add_argument("--graph", default=None, help="draft graph JSON (default: the one shipped beside the model)")
     g.add_argument("--budget", type=positive_int, default=None, help="draft budget B (default 7)")
     g.add_argument("--depth", type=positive_int, default=None, help="cap on the draft graph depth")
+    if lookahead:
+        g.add_argument(
+            "--no-lookahead",
+            dest="lookahead",
+            action="store_false",
+            default=None,
+            help="spiffy/specfold without boundary drafts (on by default for the Fast-dLLM-v2 family: the forward "
+            "that writes a finished block to the cache also runs the next block's first state from a guessed seed, "
+            "saving that block's first pass when the guess is right; lossless)",
+        )
     # Defaults of the options below are None (= not given) so that an option given for a method it does not apply
     # to is refused (validation.check_method_options) while its default never is; DEFAULTS fills them in.
     if multi:
@@ -223,6 +233,7 @@ METHOD_FLAGS = {
     "graph": "--graph",
     "budget": "--budget",
     "depth": "--depth",
+    "lookahead": "--no-lookahead",
     "delta": "--delta",
     "backend": "--backend",
     "ffn": "--ffn-reuse",

@@ -86,11 +86,11 @@ def run(args: argparse.Namespace) -> int:
     for name in args.methods:
         if name == "specfold":
             specs += [
-                MethodSpec(name, args.budget, args.depth, d, args.graph, backend, ffn, attention)
+                MethodSpec(name, args.budget, args.depth, d, args.graph, backend, ffn, attention, args.lookahead)
                 for d in args.delta or [METHOD_DEFAULTS["delta"]]
             ]
         elif name == "spiffy":
-            specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph))
+            specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph, lookahead=args.lookahead))
         else:
             specs.append(MethodSpec(name))
     plan = EvalPlan(

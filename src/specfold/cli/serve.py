@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_model_args(p)
     add_decode_args(p)
-    add_method_args(p)
+    add_method_args(p, lookahead=False)
     p.set_defaults(func=run)
 
 

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from specfold.decoding.draft_graph import DraftGraph, Formula, Step, formula_to_str, parse_formula
-from specfold.decoding.drafts import DraftContext, build_drafts, compile_graph, stops_reached
+from specfold.decoding.drafts import DraftContext, build_drafts, compile_graph, stops_reached, window_masks
 
 PATHS_FORMAT = "specfold.calibration_paths"
 PATHS_VERSION = 1
@@ -86,6 +86,7 @@ class Acceptance:
     steps: int = 0  # vanilla denoising passes
     passes: int = 0  # speculative denoising passes
     accepted: int = 0
+    drafted: int = field(default=0, compare=False)  # draft rows over all passes (what the drafts cost)
 
     def __add__(self, other: Acceptance) -> Acceptance:
         return Acceptance(
@@ -93,11 +94,16 @@ class Acceptance:
             self.steps + other.steps,
             self.passes + other.passes,
             self.accepted + other.accepted,
+            self.drafted + other.drafted,
         )
 
     @property
     def accepted_per_pass(self) -> float:
         return self.accepted / self.passes if self.passes else 0.0
+
+    @property
+    def drafted_per_pass(self) -> float:
+        return self.drafted / self.passes if self.passes else 0.0
 
     @property
     def passes_saved(self) -> float:
@@ -112,6 +118,7 @@ class Acceptance:
             "accepted": self.accepted,
             "accepted_per_pass": round(self.accepted_per_pass, 4),
             "passes_saved": round(self.passes_saved, 4),
+            "drafted_per_pass": round(self.drafted_per_pass, 4),
         }
 
 
@@ -134,6 +141,7 @@ def replay_trace(trace: BlockTrace, graph: DraftGraph) -> Acceptance:
 
 def _replay_compiled(trace: BlockTrace, compiled: Any) -> Acceptance:
     steps = trace.steps
+    rows = 0
 
     def accepted_at(t: int) -> int:
         ctx = trace.contexts[t]
@@ -143,15 +151,17 @@ def _replay_compiled(trace: BlockTrace, compiled: Any) -> Acceptance:
             raise ValueError(
                 f"the trace keeps {ctx.max_vocab_rank} vocab ranks but the graph uses rank {compiled.max_vocab_rank}"
             )
+        nonlocal rows
         drafts = build_drafts(
             compiled, ctx, trace.states[t], trace.mask_id, trace.small_block_size, trace.stop_id, trace.gen_start
         ).states  # [K+1, N]
+        rows += drafts.shape[0] - 1
         k = 0
         while t + 1 + k < steps and bool((drafts == trace.states[t + 1 + k]).all(-1).any()):
             k += 1
         return k
 
-    return _walk(steps, accepted_at)
+    return replace(_walk(steps, accepted_at), drafted=rows)
 
 
 def replay(traces: Iterable[BlockTrace], graph: DraftGraph) -> Acceptance:
@@ -179,14 +189,19 @@ class BlockPaths:
     paths: ``T`` entries; ``paths[t]`` holds the steps of ``X^(t) -> X^(t+1) -> ...`` as pair sets relative to the
         drafting context at ``t``, up to the last non-terminal state (and the depth / vocab-rank limits it was
         made with); ``paths[0] = ()`` (a block's first pass has no drafting logits).
+    windows: ``T`` entries, the window-mask count of ``X^(t)`` (:func:`~specfold.decoding.drafts.window_masks`,
+        the context a graph policy is keyed by); None where not recorded.
     """
 
     steps: int
     paths: tuple[tuple[Step, ...], ...]
+    windows: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.paths) != self.steps:
             raise ValueError(f"block of {self.steps} steps has {len(self.paths)} paths")
+        if self.windows is not None and len(self.windows) != self.steps:
+            raise ValueError(f"block of {self.steps} steps has {len(self.windows)} window-mask counts")
         for t, path in enumerate(self.paths):
             if t + len(path) > self.steps - 1 and path:
                 raise ValueError(f"path at step {t} runs past the block's last non-terminal state")
@@ -240,10 +255,11 @@ def paths_of_block(trace: BlockTrace, max_depth: int, max_vocab_rank: int) -> Bl
             pairs = zip(positions, tokens, strict=True)
             path.append(frozenset((rank_of[p], top[p].index(tok) + 1) for p, tok in pairs))
         paths.append(tuple(path))
-    return BlockPaths(steps, tuple(paths[:steps]) if steps else ())
+    windows = tuple(int(window_masks(x, trace.mask_id, trace.small_block_size)) for x in states[:steps])
+    return BlockPaths(steps, tuple(paths[:steps]) if steps else (), windows)
 
 
-def _chain(path: Sequence[Step], chosen: set[Formula]) -> int:
+def accepted_chain(path: Sequence[Step], chosen: Set[Formula]) -> int:
     """How many leading prefixes of ``path`` are in ``chosen`` (the drafts accepted after a pass there)."""
     k = 0
     while k < len(path) and tuple(path[: k + 1]) in chosen:
@@ -251,12 +267,33 @@ def _chain(path: Sequence[Step], chosen: set[Formula]) -> int:
     return k
 
 
-def replay_paths(blocks: Iterable[BlockPaths], nodes: Iterable[Formula]) -> Acceptance:
-    """Replay a parent-closed set of formulas on paths (formula semantics; see the module docstring)."""
-    chosen = set(nodes)
+Policy = Mapping[int, frozenset[Formula]]  # window-mask count -> the formulas drafted there (absent: all)
+
+
+def drafted(block: BlockPaths, t: int, nodes: frozenset[Formula], policy: Policy | None) -> frozenset[Formula]:
+    """The formulas a graph of ``nodes`` with ``policy`` drafts at step ``t`` of ``block``."""
+    if not policy:
+        return nodes
+    if block.windows is None:
+        raise ValueError("these paths were recorded without window-mask counts; a policy cannot be replayed on them")
+    return policy.get(block.windows[t], nodes)
+
+
+def replay_paths(blocks: Iterable[BlockPaths], nodes: Iterable[Formula], policy: Policy | None = None) -> Acceptance:
+    """Replay a parent-closed set of formulas (and a policy over it) on paths (formula semantics; see the module
+    docstring); ``drafted`` counts the formulas drafted at every pass."""
+    chosen = frozenset(nodes)
     total = Acceptance()
     for block in blocks:
-        total = total + _walk(block.steps, lambda t, paths=block.paths: _chain(paths[t], chosen))
+        rows = 0
+
+        def accepted_at(t: int, block: BlockPaths = block) -> int:
+            nonlocal rows
+            here = drafted(block, t, chosen, policy)
+            rows += len(here)
+            return accepted_chain(block.paths[t], here)
+
+        total = total + replace(_walk(block.steps, accepted_at), drafted=rows)
     return total
 
 
@@ -294,6 +331,8 @@ class CalibrationPaths:
             "provenance": dict(self.provenance or {}),
             # per prompt, per block: one list per step t of that step's path ("|"-joined formula text)
             "prompts": [[[formula_to_str(path) for path in b.paths] for b in p] for p in self.prompts],
+            # per prompt, per block: the window-mask count of each step's state (what a graph policy is keyed by)
+            "windows": [[list(b.windows) if b.windows is not None else None for b in p] for p in self.prompts],
         }
 
     @classmethod
@@ -304,12 +343,17 @@ class CalibrationPaths:
         if data.get("version") != PATHS_VERSION:
             raise ValueError(f"unknown calibration-paths version {data.get('version')!r} (supported: {PATHS_VERSION})")
         prompts = []
+        windows = data.get("windows") or [[None] * len(p) for p in data["prompts"]]  # files from before policies
+        prompt_blocks = [len(p) for p in data["prompts"]]
+        if [len(w) for w in windows] != prompt_blocks:
+            raise ValueError("the window-mask counts do not match the prompts and blocks of the paths")
         for i, p in enumerate(data["prompts"]):
             blocks = []
             for b, paths in enumerate(p):
                 try:
                     parsed = tuple(parse_formula(text) for text in paths)
-                    blocks.append(BlockPaths(len(parsed), parsed))
+                    w = windows[i][b]
+                    blocks.append(BlockPaths(len(parsed), parsed, None if w is None else tuple(int(x) for x in w)))
                 except ValueError as err:
                     raise ValueError(f"prompt {i}, block {b}: {err}") from None
             prompts.append(tuple(blocks))

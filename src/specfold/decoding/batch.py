@@ -29,7 +29,14 @@ from typing import Any
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.decoder import PROTOCOLS, GenerationResult, _seed_block, apply_pass, check_prompt
+from specfold.decoding.decoder import (
+    PROTOCOLS,
+    GenerationResult,
+    _seed_block,
+    apply_pass,
+    check_prompt,
+    lookahead_supported,
+)
 from specfold.decoding.unmasking import stop_reached
 from specfold.engine.base import BatchBranches
 from specfold.engine.dense import DenseVerifier
@@ -77,6 +84,7 @@ class _Request:
     nfe_denoise: int = 0
     nfe_cache: int = 0
     accepted: int = 0
+    boundary: int = 0
     engine_stats: dict[str, float] = field(default_factory=dict)
     ctx_logits: torch.Tensor | None = None  # [N, V] the logits that produced the block (None at a block start)
     emitted: int = 0
@@ -93,6 +101,9 @@ class BatchDecoder:
         self.verifier = getattr(method, "verifier", None) or DenseVerifier(net)
         self.drafter = getattr(method, "drafter", None)
         self.proto = PROTOCOLS[c.family]
+        self.lookahead = self.drafter is not None and getattr(self.drafter, "lookahead", False)
+        if self.lookahead and (why := lookahead_supported(net, c.family, cfg.block_size)) is not None:
+            raise ValueError(why)
         self.cache = BatchCache(
             c.num_layers, max_batch, c.num_kv_heads, c.head_dim, c.max_position_embeddings, net.dtype, net.device
         )
@@ -186,8 +197,9 @@ class BatchDecoder:
 
     def _settle(self, reqs: list[_Request], events: list[BatchEvent]) -> None:
         """After a rule application: finish blocks whose stop or last mask was reached, write them to the caches
-        (one batched forward), seed the next blocks, and repeat for blocks finished at once; emit events."""
-        net, n, mask_id, stop_id = self.model.net, self.cfg.block_size, self.model.mask_id, self.model.stop_id
+        (one batched forward; with boundary drafts a second one for the requests that guess their next seed), seed the
+        next blocks, and repeat for blocks finished at once; emit events."""
+        n, mask_id, stop_id = self.cfg.block_size, self.model.mask_id, self.model.stop_id
         pending = reqs
         while pending:
             to_write = []
@@ -205,20 +217,56 @@ class BatchDecoder:
                     events.append(self._finish(req))
                 else:
                     to_write.append(req)
-            if to_write:
-                states = torch.stack([r.block for r in to_write])  # [R', N]
-                slots, lengths = self._slots(to_write)
-                last = net.forward_ragged(
-                    states, self.cache, slots, lengths, mask=self.proto.finish_mask, write_cache=True,
-                    logit_rows=slice(-1, None),
-                )  # [R', 1, V]
-                seeds = last[:, -1].argmax(dim=-1)
-                for req, seed in zip(to_write, seeds, strict=True):
-                    self.cache.slot(req.slot).length += n
-                    req.nfe_cache += 1
-                    req.block, req.gen_start, req.steps = _seed_block(seed, n, mask_id), 0, 0
-                    req.ctx_logits = None
+            guessing = [r for r in to_write if self.lookahead and r.ctx_logits is not None]
+            plain = [r for r in to_write if not (self.lookahead and r.ctx_logits is not None)]
+            if plain:
+                self._commit(plain)
+            if guessing:
+                self._commit_guessing(guessing)
             pending = to_write
+
+    def _commit(self, reqs: list[_Request]) -> None:
+        """Write the requests' finished blocks to their caches (one forward) and seed their next blocks."""
+        net, n, mask_id = self.model.net, self.cfg.block_size, self.model.mask_id
+        states = torch.stack([r.block for r in reqs])  # [R', N]
+        slots, lengths = self._slots(reqs)
+        last = net.forward_ragged(
+            states, self.cache, slots, lengths, mask=self.proto.finish_mask, write_cache=True,
+            logit_rows=slice(-1, None),
+        )  # [R', 1, V]
+        seeds = last[:, -1].argmax(dim=-1)
+        for req, seed in zip(reqs, seeds, strict=True):
+            self.cache.slot(req.slot).length += n
+            req.nfe_cache += 1
+            req.block, req.gen_start, req.steps = _seed_block(seed, n, mask_id), 0, 0
+            req.ctx_logits = None
+
+    def _commit_guessing(self, reqs: list[_Request]) -> None:
+        """:meth:`_commit` with a boundary draft per request (:func:`~specfold.decoding.decoder.commit_block`):
+        one block-causal forward over each finished block and its guessed next block; where the seed equals the
+        guess, the next block's first rule application is made from those rows."""
+        net, n, mask_id, stop_id = self.model.net, self.cfg.block_size, self.model.mask_id, self.model.stop_id
+        guesses = torch.stack([r.ctx_logits[0].argmax() for r in reqs])  # [R']
+        nxt = torch.full((len(reqs), n), mask_id, dtype=torch.long, device=guesses.device)
+        nxt[:, 0] = guesses
+        states = torch.cat([torch.stack([r.block for r in reqs]), nxt], dim=1)  # [R', 2N]
+        slots, lengths = self._slots(reqs)
+        raw = net.forward_ragged(
+            states, self.cache, slots, lengths, mask="block_causal", write_cache=True, logit_rows=slice(n - 1, None)
+        )  # [R', N+1, V]: row N-1 seeds the next block, rows N.. are its first pass (their K/V are not kept)
+        seeds = raw[:, 0].argmax(dim=-1)
+        hits = (seeds == guesses).tolist()
+        for i, (req, seed, hit) in enumerate(zip(reqs, seeds, hits, strict=True)):
+            self.cache.slot(req.slot).length += n
+            req.nfe_cache += 1
+            req.block, req.gen_start, req.steps = _seed_block(seed, n, mask_id), 0, 0
+            req.ctx_logits = None
+            if hit:
+                first = net.position_logits(raw[i : i + 1, 1:])  # [1, N, V]
+                out = apply_pass(first, req.block[None], req.block, 0, req.cfg, mask_id, stop_id)
+                req.block, req.ctx_logits = out.block, out.logits
+                req.steps += out.steps
+                req.boundary += 1
 
     def _new_tokens(self, req: _Request) -> list[int]:
         """The request's committed tokens not yet emitted (the generation's contiguous unmasked prefix)."""
@@ -255,6 +303,7 @@ class BatchDecoder:
             generated_tokens=len(generated),
             stopped=stopped,
             accepted_drafts=req.accepted,
+            boundary_drafts=req.boundary,
             engine_stats=req.engine_stats,
             prefill_seconds=req.prefill_seconds,
         )

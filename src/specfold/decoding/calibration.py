@@ -28,6 +28,13 @@ a graph ``S`` accepts decomposes over its nodes once the passes are fixed::
   marks it as a correction). It pays every child for its parent's count and so fills the graph with rare children
   of one frequent node. Kept for comparison only.
 
+Cost-aware drafting (``draft_cost > 0``, :func:`select_policy`). Where a draft branch is not free — on a CPU a pass
+costs in proportion to the rows it computes — a graph that drafts every node at every pass can cost more than the
+passes it saves. The chosen graph then also gets a *policy*: per context (the number of eligible masks of the main
+state, :func:`~specfold.decoding.drafts.window_masks`), the subset of its nodes to draft, maximising
+``accepted − draft_cost · drafted`` (``draft_cost`` = the time one branch adds to a pass, relative to a one-branch
+pass). Drafting fewer branches never changes the tokens; the decoder and the exact replay apply the same policy.
+
 Every objective is maximised **exactly** for its weights by a tree knapsack (:func:`knapsack`; a greedy frontier
 pick is suboptimal: a node's child can weigh more than the node). Candidates: every formula with ``c > 0`` and
 depth ``<= depth_cap``, plus ancestors. Deterministic tie-break: candidates get a preference order — ``w`` desc, ``c``
@@ -48,7 +55,10 @@ from specfold.decoding.acceptance import (
     BlockPaths,
     BlockTrace,
     CalibrationPaths,
+    Policy,
+    accepted_chain,
     calibration_paths,
+    drafted,
     paths_of_block,
     replay,
     replay_paths,
@@ -252,6 +262,75 @@ def select_nodes(
     return best
 
 
+def best_subset(weights: Mapping[Formula, float], nodes: Iterable[Formula], penalty: float) -> frozenset[Formula]:
+    """The parent-closed subset ``S`` of the parent-closed ``nodes`` maximising ``Σ_{q∈S} (weights[q] − penalty)``
+    (exact: a node's subtree is kept where its own gain plus its kept children's is positive; ties keep less)."""
+    nodes = set(nodes)
+    children: dict[Formula, list[Formula]] = {q: [] for q in nodes}
+    for q in nodes:
+        if formula_parent(q) in children:
+            children[formula_parent(q)].append(q)
+    gain: dict[Formula, float] = {}
+    for q in sorted(nodes, key=len, reverse=True):  # children before parents
+        gain[q] = weights.get(q, 0) - penalty + sum(max(0.0, gain[c]) for c in children[q])
+    keep: set[Formula] = set()
+    stack = [q for q in nodes if formula_parent(q) not in children and gain[q] > 0]
+    while stack:
+        q = stack.pop()
+        keep.add(q)
+        stack.extend(c for c in children[q] if gain[c] > 0)
+    return frozenset(keep)
+
+
+def policy_score(blocks: Sequence[BlockPaths], nodes: Iterable[Formula], policy: Policy, draft_cost: float) -> float:
+    """``accepted − draft_cost · drafted`` of a graph and policy replayed on paths: passes saved net of what the
+    draft rows cost, in units of one pass (``draft_cost`` = the time a draft row adds to a pass, relative to a
+    one-row pass)."""
+    a = replay_paths(blocks, nodes, policy)
+    return a.accepted - draft_cost * a.drafted
+
+
+def select_policy(blocks: Sequence[BlockPaths], nodes: Sequence[Formula], draft_cost: float) -> Policy:
+    """Cost-aware drafting: per window-mask count ``c``, the parent-closed subset of the graph's ``nodes`` to draft
+    at the passes whose state has ``c`` eligible masks, maximising :func:`policy_score` (a count left out drafts
+    every node). For a fixed pass schedule the score decomposes over counts and nodes (a drafted ``q`` scores 1 at a
+    pass whose path has ``q`` as its depth-``|q|`` prefix, and ``-draft_cost`` at every pass), so each count's
+    subset is exact (:func:`best_subset`); as with the ``acceptance`` objective the schedule is re-derived from the
+    chosen policy until it repeats, and the best policy visited is returned. ``draft_cost <= 0``: no policy."""
+    full = frozenset(nodes)
+    if draft_cost <= 0 or not full:
+        return {}
+    policy: dict[int, frozenset[Formula]] = {}
+    best, best_score = policy, policy_score(blocks, full, policy, draft_cost)
+    seen: set[frozenset[tuple[int, frozenset[Formula]]]] = set()
+    for _ in range(_MAX_ROUNDS):
+        key = frozenset(policy.items())
+        if key in seen:
+            break
+        seen.add(key)
+        weights: dict[int, Counter[Formula]] = {}
+        passes: Counter[int] = Counter()
+        for block in blocks:
+            t = 1
+            while t < block.steps:
+                c, path = block.windows[t] if block.windows else 0, block.paths[t]
+                passes[c] += 1
+                w = weights.setdefault(c, Counter())
+                for d in range(1, len(path) + 1):
+                    if path[:d] in full:
+                        w[path[:d]] += 1
+                t += 1 + accepted_chain(path, drafted(block, t, full, policy))
+        policy = {}
+        for c in sorted(passes):
+            subset = best_subset(weights[c], full, draft_cost * passes[c])
+            if subset != full:
+                policy[c] = subset
+        score = policy_score(blocks, full, policy, draft_cost)
+        if score > best_score:
+            best, best_score = policy, score
+    return best
+
+
 def cross_validate(
     n_prompts: int,
     folds: int,
@@ -280,46 +359,64 @@ def graph_from_paths(
     traces: Sequence[Sequence[BlockTrace]] | None = None,
     model: str = "",
     provenance: Mapping[str, Any] | None = None,
+    draft_cost: float = 0.0,
 ) -> DraftGraph:
     """Select a graph from calibration paths and record its expected acceptance in the provenance.
 
     traces: the recorded traces the paths came from (same prompts, same order); when given, acceptance figures are
     exact replays of the decoder (state semantics), else formula replays of the paths (``"replay"`` says which).
-    Held-out figures come from :func:`cross_validate` over prompts, for the chosen objective and every other."""
+    Held-out figures come from :func:`cross_validate` over prompts, for the chosen objective and every other.
+    draft_cost > 0: the graph also gets a drafting policy (:func:`select_policy`); its acceptance figures are then
+    the graph's with the policy, beside the same figures drafting every node (``acceptance_without_policy``)."""
+    if draft_cost < 0:
+        raise ValueError(f"draft cost must be >= 0, got {draft_cost}")
     if depth_cap is not None and depth_cap > paths.max_depth:
         raise ValueError(f"depth cap {depth_cap} exceeds the depth {paths.max_depth} the paths were recorded to")
     if traces is not None and [len(t) for t in traces] != [len(p) for p in paths.prompts]:
         raise ValueError("traces and paths hold different prompts or blocks")
     blocks = paths.blocks
     selected = select_nodes(blocks, budget, depth_cap, objective)
+    policy = select_policy(blocks, selected, draft_cost)
 
     def blocks_of(ids: Sequence[int]) -> list[BlockPaths]:
         return [b for i in ids for b in paths.prompts[i]]
 
-    def evaluate(ids: Sequence[int], nodes: Sequence[Formula]) -> Acceptance:
+    def evaluate(ids: Sequence[int], choice: tuple[Sequence[Formula], Policy]) -> Acceptance:
+        nodes, pol = choice
         if traces is None:
-            return replay_paths(blocks_of(ids), nodes)
-        return replay([t for i in ids for t in traces[i]], DraftGraph.from_formulas(nodes, depth_cap=depth_cap))
+            return replay_paths(blocks_of(ids), nodes, pol)
+        graph = DraftGraph.from_formulas(nodes, depth_cap=depth_cap).with_policy(pol)
+        return replay([t for i in ids for t in traces[i]], graph)
+
+    def choose(ids: Sequence[int], name: str, cost: float) -> tuple[list[Formula], Policy]:
+        nodes = select_nodes(blocks_of(ids), budget, depth_cap, name, strict=False)
+        return nodes, select_policy(blocks_of(ids), nodes, cost)
 
     n = len(paths.prompts)
     held_out: dict[str, Any] = {}
     for name in (objective, *[o for o in OBJECTIVES if o != objective]):
-        est = cross_validate(
-            n, folds, lambda ids, o=name: select_nodes(blocks_of(ids), budget, depth_cap, o, strict=False), evaluate
-        )
+        est = cross_validate(n, folds, lambda ids, o=name: choose(ids, o, 0.0), evaluate)
         held_out[name] = None if est is None else est.to_dict()
+    plain = {
+        "replay": "decoder (exact)" if traces is not None else "paths (formula semantics)",
+        "in_sample": evaluate(range(n), (selected, {})).to_dict(),
+        "held_out": held_out[objective],
+        "folds": min(folds, n) if held_out[objective] is not None else None,
+        "held_out_by_objective": {k: (v["accepted_per_pass"] if v is not None else None) for k, v in held_out.items()},
+    }
+    acceptance = plain
+    if draft_cost > 0:
+        est = cross_validate(n, folds, lambda ids: choose(ids, objective, draft_cost), evaluate)
+        acceptance = {
+            "replay": plain["replay"],
+            "in_sample": evaluate(range(n), (selected, policy)).to_dict(),
+            "held_out": None if est is None else est.to_dict(),
+            "folds": plain["folds"],
+        }
     counts = paths.counts(depth_cap)
     info: dict[str, Any] = {
         "objective": objective,
-        "acceptance": {
-            "replay": "decoder (exact)" if traces is not None else "paths (formula semantics)",
-            "in_sample": evaluate(range(n), selected).to_dict(),
-            "held_out": held_out[objective],
-            "folds": min(folds, n) if held_out[objective] is not None else None,
-            "held_out_by_objective": {
-                k: (v["accepted_per_pass"] if v is not None else None) for k, v in held_out.items()
-            },
-        },
+        "acceptance": acceptance,
         "counts": {formula_to_str(q): counts.get(q, 0) for q in selected},
         "calibration": {
             "prompts": n,
@@ -331,9 +428,13 @@ def graph_from_paths(
             "max_vocab_rank": paths.max_vocab_rank,
         },
     }
+    if draft_cost > 0:
+        info["draft_cost"] = draft_cost
+        info["acceptance_without_policy"] = plain
     info.update(provenance or {})
     info.setdefault("date", datetime.date.today().isoformat())
-    return DraftGraph.from_formulas(selected, model=model, depth_cap=depth_cap, provenance=info)
+    graph = DraftGraph.from_formulas(selected, model=model, depth_cap=depth_cap, provenance=info)
+    return graph.with_policy(policy)
 
 
 def calibrate(
@@ -346,12 +447,14 @@ def calibrate(
     folds: int = DEFAULT_FOLDS,
     model: str = "",
     provenance: Mapping[str, Any] | None = None,
+    draft_cost: float = 0.0,
 ) -> tuple[DraftGraph, CalibrationPaths]:
     """Traces (one list of blocks per calibration prompt) -> (graph, the paths it was selected from). Paths are
-    recorded to ``max_depth`` (default: ``depth_cap``, else 8); acceptance figures are exact replays."""
+    recorded to ``max_depth`` (default: ``depth_cap``, else 8); acceptance figures are exact replays.
+    ``draft_cost > 0`` adds a cost-aware drafting policy (:func:`select_policy`)."""
     depth = max_depth if max_depth is not None else (depth_cap if depth_cap is not None else 8)
     paths = calibration_paths(traces, depth, max_vocab_rank)
-    graph = graph_from_paths(paths, budget, depth_cap, objective, folds, traces, model, provenance)
+    graph = graph_from_paths(paths, budget, depth_cap, objective, folds, traces, model, provenance, draft_cost)
     return graph, paths
 
 

@@ -13,6 +13,13 @@ is shared:
 
 NFE counts denoising passes and cache-writing/refresh forwards (separately too); prefill is reported apart.
 Decode time excludes prefill and tokenisation.
+
+**Boundary drafts** (``drafter.lookahead``, shifted families): the forward that writes a finished block to the cache
+also runs the next block's first state ``[ŝ, M, …, M]`` (block-causal over both blocks, only the finished block's
+K/V kept), with ``ŝ`` the seed guessed from the last pass's prediction of the token after the block (position 0
+of its logits, :meth:`~specfold.model.transformer.DLLM.position_logits`). When the forward's own seed equals ``ŝ``,
+those rows are exactly the next block's first denoising pass (the same keys: prefix, finished block, own block),
+so that pass is skipped; otherwise nothing but the wider forward is lost. The trajectory is the vanilla one.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class GenerationResult:
     generated_tokens: int
     stopped: bool  # the stop token ended generation (else max_new_tokens did)
     accepted_drafts: int = 0
+    boundary_drafts: int = 0  # block starts whose first pass a boundary draft saved
     engine_stats: dict[str, float] = field(default_factory=dict)
     prefill_seconds: float = 0.0  # prefill wall time (not in ``seconds``)
 
@@ -65,6 +73,8 @@ class GenerationResult:
 
 
 class Drafter(Protocol):
+    lookahead: bool  # also draft the next block's first state in the cache-writing forward (boundary drafts)
+
     def draft(
         self,
         logits: torch.Tensor,  # [N, V] the logits that produced x0
@@ -117,6 +127,37 @@ def _start_fast_dllm(
         block[: tail.numel()] = tail
         return block, tail.numel(), forwards
     return _seed_block(last_logits.argmax(), n, mask_id), 0, forwards
+
+
+def lookahead_supported(net: DLLM, family: Family, block_size: int) -> str | None:
+    """Why boundary drafts cannot run for this model and block size (None when they can)."""
+    if not net.cfg.shifted_logits or PROTOCOLS[family].finish_mask != "bidirectional":
+        return "boundary drafts need a Fast-dLLM-v2-family model (shifted logits, bidirectional block commit)"
+    if block_size != net.cfg.block_size:
+        return f"boundary drafts need the model's block size {net.cfg.block_size}, got {block_size}"
+    return None
+
+
+def commit_block(
+    net: DLLM,
+    finish_mask: str,
+    cache: PrefixCache,
+    block: torch.Tensor,  # [N] a finished block
+    mask_id: int,
+    guess: torch.Tensor | None = None,  # [] long: the guessed seed of the next block (a boundary draft)
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Write ``block`` to the cache; returns the next block's seed ``[]`` and, for a ``guess`` that equals it, the
+    next block's first-pass position logits ``[N, V]`` (else None; see the module docstring)."""
+    n = block.shape[0]
+    if guess is None:
+        last = net(block[None], cache, mask=finish_mask, write_cache=True, logit_rows=slice(-1, None))
+        return last[0, -1].argmax(), None
+    both = torch.cat([block, _seed_block(guess, n, mask_id)])[None]  # [1, 2N]
+    raw = net(both, cache, mask="block_causal", write_cache=True, cache_rows=n, logit_rows=slice(n - 1, None))
+    seed = raw[0, 0].argmax()  # [1, N+1, V]: row N-1 seeds the next block, rows N.. are its first pass
+    if bool(seed != guess):
+        return seed, None
+    return seed, net.position_logits(raw[:, 1:])[0]
 
 
 def _start_nld(net: DLLM, prompt: torch.Tensor, cache: PrefixCache, n: int, mask_id: int, chunk: int | None = None):
@@ -230,12 +271,22 @@ def decode(
     nfe_denoise = nfe_cache = accepted = 0
     engine_stats: dict[str, float] = {}
     no_parent = torch.tensor([-1], device=net.device)
+    lookahead = drafter is not None and getattr(drafter, "lookahead", False)
+    if lookahead and (why := lookahead_supported(net, model.config.family, n)) is not None:
+        raise ValueError(why)
+    boundary = 0
+    first = None  # [N, V] the block's first-pass logits, when a boundary draft provided them
     while True:
         if observer is not None:
             observer.block_start(block, gen_start)
         stop_at = stop_reached(block, gen_start, mask_id, stop_id)
         steps = 0
         ctx_logits = None  # the logits that produced the current state (none at a block's first step)
+        if first is not None:  # the boundary draft was the next state: its pass is done
+            out = apply_pass(first[None], block[None], block, gen_start, cfg, mask_id, stop_id, observer)
+            block, stop_at, ctx_logits = out.block, out.stop_at, out.logits
+            steps += out.steps
+            boundary += 1
         while stop_at is None and bool((block == mask_id).any()):
             if drafter is not None and ctx_logits is not None:
                 states, parents = drafter.draft(ctx_logits, block, gen_start)
@@ -255,8 +306,8 @@ def decode(
         if stop_at is not None or len(generated) >= cfg.max_new_tokens:
             break
         # The finished block enters the cache; its last row seeds the next block.
-        last = net(block[None], cache, mask=proto.finish_mask, write_cache=True, logit_rows=slice(-1, None))
-        seed = last[0, -1].argmax()
+        guess = ctx_logits[0].argmax() if lookahead and ctx_logits is not None else None
+        seed, first = commit_block(net, proto.finish_mask, cache, block, mask_id, guess)
         nfe_cache += 1
         block, gen_start = _seed_block(seed, n, mask_id), 0
     _sync(net.device)
@@ -275,6 +326,7 @@ def decode(
         generated_tokens=len(generated),
         stopped=stopped,
         accepted_drafts=accepted,
+        boundary_drafts=boundary,
         engine_stats=engine_stats,
         prefill_seconds=t0 - t_pre,
     )

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,10 @@ class DraftGraph:
     budget: ``B`` = number of non-root nodes (must equal ``len(nodes) - 1``).
     depth_cap: maximal depth allowed (``None`` = uncapped).
     provenance: free-form JSON-able metadata (samples, source, date, counts, ...).
+    policy: per-context drafting, ``((c, nodes), ...)``: when the main state's eligible window holds ``c`` masked
+        positions (:func:`specfold.decoding.drafts.window_masks`), only the node indices ``nodes`` (the root and a
+        parent-closed subset) are drafted; a count not listed drafts every node. Empty: every node, always.
+        Chosen by cost-aware calibration (:func:`specfold.decoding.calibration.select_policy`).
     """
 
     nodes: tuple[Formula, ...]
@@ -151,10 +155,14 @@ class DraftGraph:
     budget: int | None = None
     depth_cap: int | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False)
+    policy: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         object.__setattr__(self, "parents", tuple(int(p) for p in self.parents))
+        object.__setattr__(
+            self, "policy", tuple(sorted((int(c), tuple(sorted(int(i) for i in idx))) for c, idx in self.policy))
+        )
         if self.budget is None:
             object.__setattr__(self, "budget", len(self.nodes) - 1)
         self._validate()
@@ -201,6 +209,19 @@ class DraftGraph:
                 )
         if not isinstance(self.budget, int) or self.budget != len(nodes) - 1:
             raise ValueError(f"budget mismatch: budget says {self.budget} but the graph holds {len(nodes) - 1} nodes")
+        counts = [c for c, _ in self.policy]
+        if len(set(counts)) != len(counts):
+            raise ValueError("the policy lists a window-mask count twice")
+        for c, idx in self.policy:
+            if c < 0:
+                raise ValueError(f"policy: window-mask count {c} is negative")
+            if not idx or idx[0] != 0 or idx[-1] >= len(nodes):
+                raise ValueError(
+                    f"policy for count {c}: node indices {list(idx)} must hold the root 0 and nodes of the graph"
+                )
+            missing = [i for i in idx if i > 0 and parents[i] not in idx]
+            if missing:
+                raise ValueError(f"policy for count {c}: {_label(missing[0], nodes[missing[0]])} without its parent")
 
     # -- construction -------------------------------------------------------------------------------------------
 
@@ -260,6 +281,7 @@ class DraftGraph:
         provenance = dict(self.provenance)
         provenance["restricted_from"] = {"budget": self.budget, "depth_cap": self.depth_cap}
         cap = depth_cap if self.depth_cap is None else min(depth_cap, self.depth_cap)
+        policy = tuple((c, tuple(new_index[i] for i in idx if i in new_index)) for c, idx in self.policy)
         return DraftGraph(
             nodes=tuple(self.nodes[i] for i in keep),
             parents=parents,
@@ -267,7 +289,26 @@ class DraftGraph:
             budget=len(keep) - 1,
             depth_cap=cap,
             provenance=provenance,
+            policy=policy,
         )
+
+    def with_policy(
+        self, policy: Mapping[int, Iterable[Formula]], provenance: dict[str, Any] | None = None
+    ) -> DraftGraph:
+        """This graph drafting only ``policy[c]`` (formulas of the graph, parent-closed) at window-mask count ``c``."""
+        index = {f: i for i, f in enumerate(self.nodes)}
+        unknown = [f for fs in policy.values() for f in fs if f not in index]
+        if unknown:
+            raise ValueError(f"policy formula {formula_to_str(unknown[0])!r} is not a node of the graph")
+        table = tuple((int(c), tuple(sorted({0, *(index[f] for f in fs)}))) for c, fs in policy.items())
+        return replace(self, policy=table, provenance=dict(self.provenance if provenance is None else provenance))
+
+    def active_formulas(self, count: int) -> frozenset[Formula]:
+        """The non-root formulas drafted when the eligible window holds ``count`` masked positions."""
+        for c, idx in self.policy:
+            if c == count:
+                return frozenset(self.nodes[i] for i in idx if i > 0)
+        return frozenset(self.nodes[1:])
 
     # -- queries ------------------------------------------------------------------------------------------------
 
@@ -287,7 +328,7 @@ class DraftGraph:
     # -- JSON ---------------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "model": self.model,
@@ -297,6 +338,9 @@ class DraftGraph:
             "parents": list(self.parents),
             "provenance": self.provenance,
         }
+        if self.policy:  # node strings per window-mask count (files without a policy are unchanged)
+            out["policy"] = {str(c): [self.strings()[i] for i in idx if i > 0] for c, idx in self.policy}
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], expect_budget: int | None = None) -> DraftGraph:
@@ -322,7 +366,7 @@ class DraftGraph:
             raise ValueError(f"budget mismatch: file says budget {budget!r} but holds {len(nodes) - 1} non-root nodes")
         if expect_budget is not None and budget != expect_budget:
             raise ValueError(f"budget mismatch: expected budget {expect_budget}, the file's graph has {budget}")
-        return cls(
+        graph = cls(
             nodes=tuple(nodes),
             parents=tuple(data["parents"]),
             model=str(data.get("model", "")),
@@ -330,6 +374,16 @@ class DraftGraph:
             depth_cap=data.get("depth_cap"),
             provenance=dict(data.get("provenance") or {}),
         )
+        policy = data.get("policy")
+        if policy is None:
+            return graph
+        if not isinstance(policy, dict):
+            raise ValueError("the draft-graph policy must map window-mask counts to lists of node formulas")
+        try:
+            parsed = {int(c): [parse_formula(str(t)) for t in texts] for c, texts in policy.items()}
+        except ValueError as err:
+            raise ValueError(f"policy: {err}") from None
+        return graph.with_policy(parsed)
 
     def to_json(self, path: str | Path) -> None:
         from specfold.validation import atomic_write_text

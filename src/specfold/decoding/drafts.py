@@ -17,6 +17,7 @@ Rules applied by :func:`build_drafts` (a node's *state* is ``X_0`` with all its 
 - **useful**: the state still has a mask (a full block is never denoised again) and no stop is reached
   (:func:`stop_reached` over positions ``>= gen_start``).
 - Unreachable/useless nodes are dropped with all their descendants.
+- **policy**: with a graph policy, only the nodes it lists for this context (:func:`window_masks`) are drafted.
 - **dedup**: a node whose state equals the root's or an earlier kept node's state is dropped and its children are
   re-parented to the kept node holding that state, so no two rows are equal.
 
@@ -112,6 +113,8 @@ class CompiledGraph:
     parents: ``[M]`` long (``-1`` for the root); depth: ``[M]`` long.
     ancestors: ``[M, M]`` bool, ``ancestors[k, a]`` iff ``a`` is ``k`` or an ancestor of ``k``.
     max_vocab_rank: the ``J`` a :class:`DraftContext` should provide for this graph.
+    active: ``[C, M]`` bool, the graph's policy: row ``min(c, C - 1)`` = the nodes drafted at window-mask count
+        ``c`` (the last row: every node); None without a policy.
     """
 
     graph: DraftGraph
@@ -123,6 +126,7 @@ class CompiledGraph:
     depth: torch.Tensor  # [M]
     ancestors: torch.Tensor  # [M, M]
     max_vocab_rank: int
+    active: torch.Tensor | None = None  # [C, M]
 
     @property
     def num_nodes(self) -> int:
@@ -139,6 +143,7 @@ class CompiledGraph:
             depth=self.depth.to(device),
             ancestors=self.ancestors.to(device),
             max_vocab_rank=self.max_vocab_rank,
+            active=None if self.active is None else self.active.to(device),
         )
 
 
@@ -168,6 +173,12 @@ def compile_graph(
         while a >= 0:
             ancestors[k, a] = True
             a = graph.parents[a]
+    active = None
+    if graph.policy:
+        active = torch.ones(max(c for c, _ in graph.policy) + 2, m, dtype=torch.bool)
+        for c, idx in graph.policy:
+            active[c] = False
+            active[c, list(idx)] = True
     compiled = CompiledGraph(
         graph=graph,
         ranks=ranks,
@@ -178,8 +189,20 @@ def compile_graph(
         depth=torch.tensor([len(f) for f in graph.nodes], dtype=torch.long),
         ancestors=ancestors,
         max_vocab_rank=max_vocab_rank,
+        active=active,
     )
     return compiled.to(device) if device is not None else compiled
+
+
+def window_masks(
+    x0: torch.Tensor,  # [N] main state
+    mask_id: int,
+    small_block_size: int | None,
+) -> torch.Tensor:
+    """``[]`` long: how many positions the rule may unmask now (:func:`eligible_mask`: the masked positions of the
+    first small block that holds a mask, or of the whole block without small blocks). The context a graph's policy
+    is keyed by."""
+    return eligible_mask(x0, mask_id, small_block_size).sum()
 
 
 @dataclass(frozen=True)
@@ -250,6 +273,9 @@ def node_states(
     own_ok = (pair_ok | ~valid).all(1) & (elig_pair | ~last).all(1)
     own_ok &= (states == mask_id).any(1) & ~stops_reached(states, gen_start, mask_id, stop_id)
     own_ok[0] = True  # the root is X_0 itself
+    if compiled.active is not None:  # the graph's policy for this context (parent-closed rows)
+        c = window_masks(x0, mask_id, small_block_size).clamp(max=compiled.active.shape[0] - 1)
+        own_ok &= compiled.active[c]
     alive = ~(compiled.ancestors & ~own_ok.unsqueeze(0)).any(1)  # [M] every ancestor (and self) ok
     return states, alive
 

@@ -18,13 +18,15 @@ from specfold.decoding.drafts import build_drafts, compile_graph, draft_context
 
 
 class GraphDrafter:
-    """Builds the draft branches of a verification step from a graph (vectorised over branches)."""
+    """Builds the draft branches of a verification step from a graph (vectorised over branches); with
+    ``lookahead`` the decoder also drafts each next block's first state (boundary drafts,
+    :mod:`specfold.decoding.decoder`)."""
 
     def __init__(
         self, graph: DraftGraph, mask_id: int, small_block_size: int | None, stop_id: int | None,
-        device: torch.device | str = "cpu",
+        device: torch.device | str = "cpu", lookahead: bool = False,
     ) -> None:
-        self.graph = graph
+        self.graph, self.lookahead = graph, lookahead
         self.compiled = compile_graph(graph, device=device)
         self.mask_id, self.small_block_size, self.stop_id = mask_id, small_block_size, stop_id
 

@@ -72,12 +72,15 @@ class MethodSpec:
     backend: str = "torch"
     ffn: str = "residual"
     attention: str = "auto"
+    lookahead: bool | None = None  # boundary drafts (spiffy, specfold): None = wherever the model allows them
 
     @property
     def params(self) -> dict[str, Any]:
         if self.name == "vanilla":
             return {}
         out: dict[str, Any] = {"budget": self.budget, "depth": self.depth, "graph": self.graph}
+        if self.lookahead is not None:  # only when set: the default's records keep their keys
+            out["lookahead"] = self.lookahead
         if self.name == "specfold":
             out.update(delta=self.delta, backend=self.backend, ffn=self.ffn, attention=self.attention)
         return out
@@ -98,7 +101,7 @@ class MethodSpec:
     def prepare(self, model: LoadedModel, cfg: DecodeConfig) -> Method:
         kwargs: dict[str, Any] = {}
         if self.name != "vanilla":
-            kwargs.update(graph=self.graph, budget=self.budget, depth=self.depth)
+            kwargs.update(graph=self.graph, budget=self.budget, depth=self.depth, lookahead=self.lookahead)
         if self.name == "specfold":
             kwargs.update(
                 delta=self.delta if self.delta is not None else 0.1,
@@ -308,6 +311,7 @@ def _run_one(
         "seconds": result.seconds,
         "wall_seconds": wall,
         "accepted_drafts": result.accepted_drafts,
+        "boundary_drafts": result.boundary_drafts,
         "token_ids": result.token_ids,
         "prompt_tokens": len(ids),
         "text": text,
@@ -350,6 +354,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str
             }
             if recs[0]["method"] != "vanilla":
                 row["accepted_per_step"] = sum(r.get("accepted_drafts", 0) for r in recs) / passes if passes else 0.0
+                row["boundary_drafts_per_sample"] = sum(r.get("boundary_drafts", 0) for r in recs) / n
             draft = sum(r.get("draft_triples", 0.0) for r in recs)
             if draft:
                 row["fold_ratio"] = sum(r.get("folded_triples", 0.0) for r in recs) / draft

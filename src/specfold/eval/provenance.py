@@ -98,10 +98,13 @@ def model_hash(ckpt: Path) -> str:
 
 
 def graph_hash(graph) -> str | None:
-    """Hash of a draft graph's structure (nodes, parents, depth cap); None for no graph (vanilla)."""
+    """Hash of a draft graph's structure (nodes, parents, depth cap, drafting policy); None for no graph
+    (vanilla)."""
     if graph is None:
         return None
     body = {"nodes": graph.strings(), "parents": list(graph.parents), "depth_cap": graph.depth_cap}
+    if graph.policy:  # graphs without a policy keep their hash
+        body["policy"] = [[c, list(idx)] for c, idx in graph.policy]
     return _digest(hashlib.sha256(json.dumps(body, sort_keys=True).encode()))
 
 

@@ -137,11 +137,13 @@ class DLLM(nn.Module):
         return linear(rms_norm(h, self.final_norm, self.cfg.rms_norm_eps), self.head_weight())
 
     def position_logits(self, raw: torch.Tensor) -> torch.Tensor:
-        """Raw rows ``[B, T, V]`` -> logits per block position. Fast-dLLM-v2 is shifted: position ``i`` is read
-        from row ``i-1`` and row 0 predicts itself; Nemotron-Labs-Diffusion is unshifted."""
+        """Raw rows ``[B, T, V]`` -> logits per block position. Fast-dLLM-v2 is shifted: position ``i >= 1`` is
+        read from row ``i-1``; position 0 (never masked in a block: a seed or a prompt token) carries row ``T-1``,
+        the prediction of the token after the block (what a boundary draft guesses the next block's seed from,
+        :mod:`specfold.decoding.decoder`). Nemotron-Labs-Diffusion is unshifted."""
         if not self.cfg.shifted_logits:
             return raw
-        return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+        return torch.cat([raw[:, -1:], raw[:, :-1]], dim=1)
 
     def forward(
         self,
@@ -150,16 +152,19 @@ class DLLM(nn.Module):
         mask: str = "bidirectional",
         write_cache: bool = False,
         logit_rows: slice | None = None,
+        cache_rows: int | None = None,
     ) -> torch.Tensor:
         """Dense forward of ``B`` block states at positions ``cache.length ..``. Returns raw logits ``[B, T, V]``
         (``[B, T', V]`` for the rows ``logit_rows`` selects, e.g. ``slice(-1, None)`` for a seed row only).
 
         ``mask`` is the attention inside the block (``bidirectional``, ``causal``, ``block_causal`` with the
-        family's block size). With ``write_cache`` (``B == 1``) the rows' K/V are appended to the cache.
+        family's block size). With ``write_cache`` (``B == 1``) the K/V of the first ``cache_rows`` rows (default:
+        all) are appended to the cache.
         """
         b, t = tokens.shape
         if write_cache and (cache is None or b != 1):
             raise ValueError("write_cache needs a cache and exactly one branch")
+        w = t if cache_rows is None else cache_rows
         start = 0 if cache is None else cache.length
         cos, sin, qscale = self.rope_tables(start, t)
         cos_r, sin_r = cos.repeat(b, 1), sin.repeat(b, 1)
@@ -174,11 +179,11 @@ class DLLM(nn.Module):
                 v.view(b, t, layer.hkv, layer.d), bias, self.scale,
             )
             if write_cache:
-                cache.write(i, k, v)
+                cache.write(i, k[:w], v[:w])
             h = h + layer.attn_out(state.o.to(h.dtype).reshape(b * t, layer.hq, layer.d))
             h = h + layer.ffn(h)
         if write_cache:
-            cache.commit(t)
+            cache.commit(w)
         h = h.view(b, t, -1)
         return self.logits(h if logit_rows is None else h[:, logit_rows])
 
