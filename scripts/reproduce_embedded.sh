@@ -10,8 +10,8 @@ RUN=runs/embedded
 ASSET=src/specfold/assets/embedded
 TASKS=synth-math,synth-code,synth-if
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # one thread per process: steadier timings on a shared CPU
-stage=${1:-all}
-want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
+stages=" ${*:-all} "   # one or more stages; none = all
+want() { [ "$stages" = " all " ] || [[ "$stages" == *" $1 "* ]]; }
 export_run() {  # a training run's latest state.pt -> a model directory (config, safetensors, tokenizer)
   .venv/bin/python -c "from pathlib import Path; from specfold.train.trainer import export_state; \
 export_state(Path('$1'), Path('$2'))"
@@ -35,7 +35,9 @@ fi
 if want package; then
   mkdir -p "$ASSET"
   export_run "$RUN" "$ASSET"
-  $S calibrate --model "$ASSET" --budget 7 --samples 50 --max-new-tokens 64 --out "$ASSET/draft_graph.json"
+  # 600 train-split prompts of a stream the model never trained on (seed 1000); the policy for a CPU (draft cost 0.2)
+  $S calibrate --model "$ASSET" --budget 7 --split train --seed 1000 --samples 600 --draft-cost 0.2 --max-new-tokens 64 \
+     --out "$ASSET/draft_graph.json"
 fi
 if want quality; then   # the quality bar: held-out split, vanilla, tau 0.9, block 32, small block 8, fp32
   $S eval --tasks $TASKS --methods vanilla --max-new-tokens 64 --out runs/quality.jsonl --json > runs/quality.json
