@@ -54,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative_float,
         default=0.0,
         help="time one draft branch adds to a verification pass, relative to a one-branch pass (0: branches are "
-        "free, as on a GPU at these shapes; on this project's CPUs ~0.12 in bf16). Above 0 the graph gets a "
+        "free, as on a GPU at these shapes; the shipped embedded graph uses 0.2 for a CPU, where "
+        "scripts/pass_scaling.py measures the cost per branch). Above 0 the graph gets a "
         "drafting policy: per number of eligible masks, only the nodes whose expected passes saved exceed their "
         "cost are drafted (lossless either way)",
     )
@@ -83,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     counts_path = out.with_name(out.stem + ".counts.json")
     paths_path = out.with_name(out.stem + ".paths.json")
     check_outputs(("--out (counts)", counts_path), ("--out (paths)", paths_path))
+    if args.data_dir and args.split != "calib":
+        raise UsageError(
+            "--split applies to the synthetic suite; with --data-dir the calibration prompts are MBPP-train and "
+            "MATH-train"
+        )
     model = load_from_args(args)
     if args.data_dir:
         from specfold.eval.benchmarks import calibration_prompts
