@@ -300,6 +300,8 @@ def select_policy(blocks: Sequence[BlockPaths], nodes: Sequence[Formula], draft_
     full = frozenset(nodes)
     if draft_cost <= 0 or not full:
         return {}
+    if any(b.windows is None for b in blocks):
+        raise ValueError("a drafting policy needs paths recorded with window-mask counts (recalibrate)")
     policy: dict[int, frozenset[Formula]] = {}
     best, best_score = policy, policy_score(blocks, full, policy, draft_cost)
     seen: set[frozenset[tuple[int, frozenset[Formula]]]] = set()
@@ -313,7 +315,7 @@ def select_policy(blocks: Sequence[BlockPaths], nodes: Sequence[Formula], draft_
         for block in blocks:
             t = 1
             while t < block.steps:
-                c, path = block.windows[t] if block.windows else 0, block.paths[t]
+                c, path = block.windows[t], block.paths[t]
                 passes[c] += 1
                 w = weights.setdefault(c, Counter())
                 for d in range(1, len(path) + 1):
