@@ -274,7 +274,8 @@ def node_states(
     own_ok &= (states == mask_id).any(1) & ~stops_reached(states, gen_start, mask_id, stop_id)
     own_ok[0] = True  # the root is X_0 itself
     if compiled.active is not None:  # the graph's policy for this context (parent-closed rows)
-        c = window_masks(x0, mask_id, small_block_size).clamp(max=compiled.active.shape[0] - 1)
+        # row 0 is the root's state, X_0 itself: its eligible positions are window_masks(x0), already computed
+        c = eligible[0].sum().clamp(max=compiled.active.shape[0] - 1)
         own_ok &= compiled.active[c]
     alive = ~(compiled.ancestors & ~own_ok.unsqueeze(0)).any(1)  # [M] every ancestor (and self) ok
     return states, alive
