@@ -11,7 +11,15 @@
 2. The drafting passes of a spiffy batch decode at R = --batch, recorded as they happen and each re-timed (after a
    warm-up call) with the dense verifier and with the folded verifier in three settings: the default cost rule
    (``auto``), and folding wherever the gate says with attention ``direct`` or ``correct`` (Eq. 8).
-3. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
+3. ``free_branch_bound``: a clean spiffy batch decode at R = --batch (wall time, and the time of its drafting passes
+   as they ran); then each drafting pass re-timed, interleaved, dense and as the forward of its main rows alone (one
+   block per request: what the pass would cost if every draft row were free). ``bound`` = wall / (wall − drafting
+   time · main-only / dense) is the most any verifier that drafts what spiffy drafts (specfold included, whatever
+   it folds) can gain over spiffy at R = --batch: prefill, the cache-writing forwards and the passes without drafts
+   stay as they are. ``bound_at_fold``: the same with the draft rows charged only for the share of their work that
+   folding at δ = 0.1 leaves to compute on those passes (attention-part and FFN rows weighted by their MACs) and no
+   folding overhead at all; beside them specfold's own decode of the queue (``specfold_vs_spiffy``, measured).
+4. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
    choice of the cost rule beyond its dense counterpart inside the same folded layer (the gate is paid either way):
    attention ``direct`` and ``correct`` against a dense attention part, a folded FFN against a dense one — the
    counts behind ``OPS_DIRECT``, ``OPS_CORRECT`` and ``OPS_FFN`` in ``specfold/engine/cost.py``.
@@ -104,6 +112,65 @@ def extra_ops_per_layer(model, batch) -> dict[str, float]:
             "ffn": base - ops("dense", False)}
 
 
+def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
+    """Part 3 of the module docstring."""
+    verifier = method.verifier
+    dense = verifier.verify_batch
+    drafting: list = []
+    spent = 0.0
+
+    def timed(batch):
+        nonlocal spent
+        t = time.perf_counter()
+        out = dense(batch)
+        if batch.states.shape[1] > 1:
+            spent += time.perf_counter() - t
+            drafting.append(batch)
+        return out
+
+    decode_batch(model, prompts[:r], cfg, method, max_batch=r)  # warm-up
+    verifier.verify_batch = timed
+    try:
+        t0 = time.perf_counter()
+        decode_batch(model, prompts, cfg, method, max_batch=r)
+        wall = time.perf_counter() - t0
+    finally:
+        verifier.verify_batch = dense
+    net, again, main_only = model.net, 0.0, 0.0
+    with torch.no_grad():
+        for batch in drafting:  # interleaved: the pass as run, then its main rows alone
+            t = time.perf_counter()
+            dense(batch)
+            t1 = time.perf_counter()
+            net.forward_ragged(batch.states[:, 0], batch.cache, batch.slots, batch.lengths)
+            again += t1 - t
+            main_only += time.perf_counter() - t1
+    x = main_only / again
+    # The share of the draft rows' work that folding at δ = 0.1 leaves to compute (attention-part rows at the
+    # layer-input gate, FFN rows at the FFN gate, weighted by their MACs), from a specfold decode of the same queue:
+    # how far below dense a folded pass with no folding overhead could get.
+    c = model.config
+    qkv_o = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
+    ffn = 3 * c.hidden_size * c.intermediate_size
+    specfold = prepare_method(model, "specfold", cfg.small_block_size, block_size=cfg.block_size, delta=0.1)
+    stats = collections.Counter()
+    decode_batch(model, prompts[:r], cfg, specfold, max_batch=r)  # warm-up
+    t0 = time.perf_counter()
+    results = decode_batch(model, prompts, cfg, specfold, max_batch=r)
+    specfold_wall = time.perf_counter() - t0
+    for res in results:
+        stats.update(res.engine_stats)
+    draft = stats["draft_triples"]
+    kept = (qkv_o * (draft - stats["folded_triples"]) + ffn * (draft - stats["ffn_folded_triples"])) / (
+        (qkv_o + ffn) * draft)
+    at_fold = x + kept * (1 - x)
+    return {"wall_s": wall, "drafting_passes": len(drafting), "drafting_s": spent, "main_only_vs_dense": x,
+            "wall_free_branches_s": wall - spent * (1 - x), "bound": wall / (wall - spent * (1 - x)),
+            "branch_work_kept_at_delta_0.1": kept, "zero_overhead_fold_vs_dense": at_fold,
+            "bound_at_fold": wall / (wall - spent * (1 - at_fold)),
+            "specfold_wall_s": specfold_wall, "specfold_vs_spiffy": wall / specfold_wall}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=24)
@@ -166,6 +233,8 @@ def main() -> None:
     report["pass_ms"] = {k: 1e3 * v / counts["passes"] for k, v in seconds.items()}
     report["vs_dense"] = {k: v / seconds["dense"] for k, v in seconds.items()}
     report["extra_ops_per_layer"] = extra_ops_per_layer(model, max(recorded, key=lambda b: sum(b.branches)))
+    spiffy.verifier.verify_batch = dense_verify
+    report["free_branch_bound"] = free_branch_bound(model, prompts, cfg, spiffy, args.batch)
     print(json.dumps(report))
 
 

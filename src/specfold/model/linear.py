@@ -19,12 +19,13 @@ _PADDED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def bucket_rows(m: int) -> int:
-    """The row count a GEMM of ``m`` rows runs at: ``m`` up to 32, then the next multiple of 32 up to 256, of 64 up
-    to 1024, of 128 up to 2048 and of 512 beyond (at most 1/8 of the rows padded above 256; 34 shapes up to
-    2048)."""
+    """The row count a GEMM of ``m`` rows runs at: ``m`` up to 32, then eight buckets per power of two (the next
+    multiple of 4 up to 64, of 8 up to 128, … of 32 up to 512, of 64 up to 1024): under 1/8 of the rows are padding
+    (where a GEMM's time is per-row work, as on a CPU without bf16 GEMM units, padding costs its share of the time),
+    in 80 shapes up to 2048."""
     if m <= 32:
         return m
-    step = 32 if m <= 256 else 64 if m <= 1024 else 128 if m <= 2048 else 512
+    step = 1 << ((m - 1).bit_length() - 4)  # 2^k / 8 for 2^k < m <= 2^(k+1)
     return -(-m // step) * step
 
 
