@@ -45,6 +45,8 @@ from specfold.api import decode_config_for, load_model, prepare_method
 from specfold.bench.batch import held_out_prompts, random_shape_model
 from specfold.bench.ops import count_ops
 from specfold.decoding.batch import decode_batch
+from specfold.engine.base import fold_ratio
+from specfold.engine.cost import LayerCost
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
 from specfold.model.linear import linear
@@ -150,8 +152,7 @@ def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
     # layer-input gate, FFN rows at the FFN gate, weighted by their MACs), from a specfold decode of the same queue:
     # how far below dense a folded pass with no folding overhead could get.
     c = model.config
-    qkv_o = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
-    ffn = 3 * c.hidden_size * c.intermediate_size
+    per_row = LayerCost.of(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, 0.0)
     specfold = prepare_method(model, "specfold", cfg.small_block_size, block_size=cfg.block_size, delta=0.1)
     stats = collections.Counter()
     decode_batch(model, prompts[:r], cfg, specfold, max_batch=r)  # warm-up
@@ -160,9 +161,9 @@ def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
     specfold_wall = time.perf_counter() - t0
     for res in results:
         stats.update(res.engine_stats)
-    draft = stats["draft_triples"]
-    kept = (qkv_o * (draft - stats["folded_triples"]) + ffn * (draft - stats["ffn_folded_triples"])) / (
-        (qkv_o + ffn) * draft)
+    attention = per_row.qkv + per_row.o
+    kept = (attention * (1 - fold_ratio(stats)) + per_row.ffn * (1 - fold_ratio(stats, "ffn"))) / (
+        attention + per_row.ffn)
     at_fold = x + kept * (1 - x)
     return {"wall_s": wall, "drafting_passes": len(drafting), "drafting_s": spent, "main_only_vs_dense": x,
             "wall_free_branches_s": wall - spent * (1 - x), "bound": wall / (wall - spent * (1 - x)),
