@@ -19,7 +19,15 @@
    stay as they are. ``bound_at_fold``: the same with the draft rows charged only for the share of their work that
    folding at δ = 0.1 leaves to compute on those passes (attention-part and FFN rows weighted by their MACs) and no
    folding overhead at all; beside them specfold's own decode of the queue (``specfold_vs_spiffy``, measured).
-4. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
+4. ``any_policy_bound``: part 3's bound for a verifier free to draft with any cost-aware policy of the shipped
+   graph (:func:`~specfold.decoding.calibration.select_policy` at each draft cost in ``DRAFT_COSTS``, replayed on
+   the shipped calibration paths). A request's pass is charged part 3's measured time per main row plus, per draft
+   row, the measured dense time per draft row times the share folding leaves: ``zero_overhead`` (part 3's
+   ``branch_work_kept_at_delta_0.1``) or ``measured`` (what part 2's ``auto`` pass costs over its main rows, as a
+   share of the dense pass's). The best policy's verify time relative to spiffy's shipped policy
+   (``verify_vs_spiffy``, a model from the replayed paths) scales spiffy's measured verify time;
+   ``bound`` = wall / (wall − verify time · (1 − verify_vs_spiffy)).
+5. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
    choice of the cost rule beyond its dense counterpart inside the same folded layer (the gate is paid either way):
    attention ``direct`` and ``correct`` against a dense attention part, a folded FFN against a dense one — the
    counts behind ``OPS_DIRECT``, ``OPS_CORRECT`` and ``OPS_FFN`` in ``specfold/engine/cost.py``.
@@ -41,16 +49,20 @@ import time
 
 import torch
 
-from specfold.api import decode_config_for, load_model, prepare_method
+from specfold.api import PATHS_FILE, decode_config_for, load_model, prepare_method
 from specfold.bench.batch import held_out_prompts, random_shape_model
 from specfold.bench.ops import count_ops
+from specfold.decoding.acceptance import CalibrationPaths, replay_paths
 from specfold.decoding.batch import decode_batch
+from specfold.decoding.calibration import select_policy
 from specfold.engine.base import fold_ratio
 from specfold.engine.cost import LayerCost
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
 from specfold.model.linear import linear
 from specfold.model.loading import parse_dtype
+
+DRAFT_COSTS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)  # policies tried by part 4 (0.5: no drafting here)
 
 
 def forward_ms(model, prompts, r: int, repeats: int = 20) -> float:
@@ -119,14 +131,16 @@ def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
     verifier = method.verifier
     dense = verifier.verify_batch
     drafting: list = []
-    spent = 0.0
+    spent = verifying = 0.0
 
     def timed(batch):
-        nonlocal spent
+        nonlocal spent, verifying
         t = time.perf_counter()
         out = dense(batch)
+        took = time.perf_counter() - t
+        verifying += took
         if batch.states.shape[1] > 1:
-            spent += time.perf_counter() - t
+            spent += took
             drafting.append(batch)
         return out
 
@@ -148,6 +162,8 @@ def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
             again += t1 - t
             main_only += time.perf_counter() - t1
     x = main_only / again
+    request_passes = sum(b.states.shape[0] for b in drafting)
+    draft_rows = sum(sum(b.branches) for b in drafting) - request_passes
     # The share of the draft rows' work that folding at δ = 0.1 leaves to compute (attention-part rows at the
     # layer-input gate, FFN rows at the FFN gate, weighted by their MACs), from a specfold decode of the same queue:
     # how far below dense a folded pass with no folding overhead could get.
@@ -169,7 +185,34 @@ def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
             "wall_free_branches_s": wall - spent * (1 - x), "bound": wall / (wall - spent * (1 - x)),
             "branch_work_kept_at_delta_0.1": kept, "zero_overhead_fold_vs_dense": at_fold,
             "bound_at_fold": wall / (wall - spent * (1 - at_fold)),
-            "specfold_wall_s": specfold_wall, "specfold_vs_spiffy": wall / specfold_wall}
+            "specfold_wall_s": specfold_wall, "specfold_vs_spiffy": wall / specfold_wall,
+            "verify_s": verifying, "main_row_s": main_only / request_passes,
+            "draft_row_s": (again - main_only) / draft_rows}
+
+
+def any_policy_bound(model, graph, part3: dict, folded_vs_dense: float) -> dict:
+    """Part 4 of the module docstring."""
+    paths = CalibrationPaths.load(model.path / PATHS_FILE)
+    nodes = list(graph.nodes[1:])
+    shipped = replay_paths(paths.blocks, nodes, {c: graph.active_formulas(c) for c, _ in graph.policy})
+    u, v = part3["main_row_s"], part3["draft_row_s"]
+    x = part3["main_only_vs_dense"]
+    share = {"zero_overhead": part3["branch_work_kept_at_delta_0.1"],
+             "measured": max(0.0, (folded_vs_dense - x) / (1 - x))}
+    spiffy_cost = shipped.passes * (u + shipped.drafted_per_pass * v)
+    wall, verify = part3["wall_s"], part3["verify_s"]
+    out: dict = {"spiffy_policy": shipped.to_dict(), "draft_row_share": share}
+    for name, kept in share.items():
+        best = None
+        for cost in DRAFT_COSTS:
+            a = replay_paths(paths.blocks, nodes, select_policy(paths.blocks, nodes, cost))
+            ratio = a.passes * (u + a.drafted_per_pass * v * kept) / spiffy_cost
+            if best is None or ratio < best[1]:
+                best = (cost, ratio, a)
+        cost, ratio, a = best
+        out[name] = {"best_draft_cost": cost, "verify_vs_spiffy": ratio, "passes": a.passes,
+                     "drafted_per_pass": a.drafted_per_pass, "bound": wall / (wall - verify * (1 - ratio))}
+    return out
 
 
 def main() -> None:
@@ -236,6 +279,8 @@ def main() -> None:
     report["extra_ops_per_layer"] = extra_ops_per_layer(model, max(recorded, key=lambda b: sum(b.branches)))
     spiffy.verifier.verify_batch = dense_verify
     report["free_branch_bound"] = free_branch_bound(model, prompts, cfg, spiffy, args.batch)
+    report["any_policy_bound"] = any_policy_bound(model, spiffy.graph, report["free_branch_bound"],
+                                                  report["vs_dense"]["auto"])
     print(json.dumps(report))
 
 
