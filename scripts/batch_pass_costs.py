@@ -26,7 +26,8 @@
    ``branch_work_kept_at_delta_0.1``) or ``measured`` (what part 2's ``auto`` pass costs over its main rows, as a
    share of the dense pass's). The best policy's verify time relative to spiffy's shipped policy
    (``verify_vs_spiffy``, a model from the replayed paths) scales spiffy's measured verify time;
-   ``bound`` = wall / (wall − verify time · (1 − verify_vs_spiffy)).
+   ``bound`` = wall / (wall − verify time · (1 − verify_vs_spiffy)); ``bound_only_prefill_kept`` the same if
+   everything outside the verification passes but prefill (cache-writing forwards, drafting, host work) were free.
 5. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
    choice of the cost rule beyond its dense counterpart inside the same folded layer (the gate is paid either way):
    attention ``direct`` and ``correct`` against a dense attention part, a folded FFN against a dense one — the
@@ -148,7 +149,7 @@ def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
     verifier.verify_batch = timed
     try:
         t0 = time.perf_counter()
-        decode_batch(model, prompts, cfg, method, max_batch=r)
+        prefill = sum(res.prefill_seconds for res in decode_batch(model, prompts, cfg, method, max_batch=r))
         wall = time.perf_counter() - t0
     finally:
         verifier.verify_batch = dense
@@ -186,7 +187,7 @@ def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
             "branch_work_kept_at_delta_0.1": kept, "zero_overhead_fold_vs_dense": at_fold,
             "bound_at_fold": wall / (wall - spent * (1 - at_fold)),
             "specfold_wall_s": specfold_wall, "specfold_vs_spiffy": wall / specfold_wall,
-            "verify_s": verifying, "main_row_s": main_only / request_passes,
+            "verify_s": verifying, "prefill_s": prefill, "main_row_s": main_only / request_passes,
             "draft_row_s": (again - main_only) / draft_rows}
 
 
@@ -200,7 +201,7 @@ def any_policy_bound(model, graph, part3: dict, folded_vs_dense: float) -> dict:
     share = {"zero_overhead": part3["branch_work_kept_at_delta_0.1"],
              "measured": max(0.0, (folded_vs_dense - x) / (1 - x))}
     spiffy_cost = shipped.passes * (u + shipped.drafted_per_pass * v)
-    wall, verify = part3["wall_s"], part3["verify_s"]
+    wall, verify, prefill = part3["wall_s"], part3["verify_s"], part3["prefill_s"]
     out: dict = {"spiffy_policy": shipped.to_dict(), "draft_row_share": share}
     for name, kept in share.items():
         best = None
@@ -211,7 +212,8 @@ def any_policy_bound(model, graph, part3: dict, folded_vs_dense: float) -> dict:
                 best = (cost, ratio, a)
         cost, ratio, a = best
         out[name] = {"best_draft_cost": cost, "verify_vs_spiffy": ratio, "passes": a.passes,
-                     "drafted_per_pass": a.drafted_per_pass, "bound": wall / (wall - verify * (1 - ratio))}
+                     "drafted_per_pass": a.drafted_per_pass, "bound": wall / (wall - verify * (1 - ratio)),
+                     "bound_only_prefill_kept": (prefill + verify) / (prefill + verify * ratio)}
     return out
 
 
