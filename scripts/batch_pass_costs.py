@@ -203,10 +203,10 @@ def any_policy_bound(model, graph, part3: dict, folded_vs_dense: float) -> dict:
     spiffy_cost = shipped.passes * (u + shipped.drafted_per_pass * v)
     wall, verify, prefill = part3["wall_s"], part3["verify_s"], part3["prefill_s"]
     out: dict = {"spiffy_policy": shipped.to_dict(), "draft_row_share": share}
+    replays = {c: replay_paths(paths.blocks, nodes, select_policy(paths.blocks, nodes, c)) for c in DRAFT_COSTS}
     for name, kept in share.items():
         best = None
-        for cost in DRAFT_COSTS:
-            a = replay_paths(paths.blocks, nodes, select_policy(paths.blocks, nodes, cost))
+        for cost, a in replays.items():
             ratio = a.passes * (u + a.drafted_per_pass * v * kept) / spiffy_cost
             if best is None or ratio < best[1]:
                 best = (cost, ratio, a)
