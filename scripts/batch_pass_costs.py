@@ -205,12 +205,8 @@ def any_policy_bound(model, graph, part3: dict, folded_vs_dense: float) -> dict:
     out: dict = {"spiffy_policy": shipped.to_dict(), "draft_row_share": share}
     replays = {c: replay_paths(paths.blocks, nodes, select_policy(paths.blocks, nodes, c)) for c in DRAFT_COSTS}
     for name, kept in share.items():
-        best = None
-        for cost, a in replays.items():
-            ratio = a.passes * (u + a.drafted_per_pass * v * kept) / spiffy_cost
-            if best is None or ratio < best[1]:
-                best = (cost, ratio, a)
-        cost, ratio, a = best
+        cost, ratio, a = min(((c, a.passes * (u + a.drafted_per_pass * v * kept) / spiffy_cost, a)
+                              for c, a in replays.items()), key=lambda t: t[1])  # the first of equals wins
         out[name] = {"best_draft_cost": cost, "verify_vs_spiffy": ratio, "passes": a.passes,
                      "drafted_per_pass": a.drafted_per_pass, "bound": wall / (wall - verify * (1 - ratio)),
                      "bound_only_prefill_kept": (prefill + verify) / (prefill + verify * ratio)}
