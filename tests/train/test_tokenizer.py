@@ -15,7 +15,6 @@ from specfold.train.tokenizer import (
     IM_END,
     SPECIAL_TOKENS,
     build_tokenizer,
-    main,
     render_chat,
     render_training_text,
     train_tokenizer,
@@ -109,9 +108,9 @@ def test_training_is_deterministic() -> None:
     assert a.to_str() == b.to_str()
 
 
-def test_cli_writes_a_loadable_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_tokenizer_writes_a_loadable_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tok"
-    main(["--out", str(out), "--vocab-size", "400", "--n-samples", "600"])
-    assert capsys.readouterr().out.strip() == str(out)
+    assert train_tokenizer(out, vocab_size=400, n_samples=600) == out
+    assert capsys.readouterr() == ("", "")  # library code never prints
     tok = AutoTokenizer.from_pretrained(str(out))
     assert tok.eos_token == "<|im_end|>" and len(tok) == 400

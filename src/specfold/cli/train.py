@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     init = str(resolve_checkpoint(args.init)) if args.init else None  # a bad --init fails before any writing
     tok_dir = Path(args.tokenizer) if args.tokenizer else Path(args.out) / "tokenizer"
     if not (tok_dir / "tokenizer.json").is_file():
-        train_tokenizer(tok_dir, vocab_size=args.vocab_size, seed=args.seed)
+        print(f"specfold: trained a tokenizer into {train_tokenizer(tok_dir, args.vocab_size, seed=args.seed)}",
+              file=sys.stderr)
     cfg = TrainConfig(
         out_dir=args.out,
         tokenizer_dir=str(tok_dir),

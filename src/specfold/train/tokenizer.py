@@ -13,12 +13,12 @@ The saved directory (``tokenizer.json`` + ``tokenizer_config.json`` with a Qwen-
 loads offline with ``transformers.AutoTokenizer.from_pretrained(dir)`` and with
 ``tokenizers.Tokenizer.from_file(dir / "tokenizer.json")``.
 
-    python -m specfold.train.tokenizer --out runs/tokenizer [--vocab-size 1024] [--n-samples 20000]
+``specfold train --out OUT [--vocab-size 1024]`` trains one into ``OUT/tokenizer`` when no ``--tokenizer`` is given
+(:func:`train_tokenizer`); this module never prints.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from collections.abc import Iterator
@@ -126,17 +126,3 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 1024, n_samples: int = 2000
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n", encoding="utf-8")
     return out_dir
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--vocab-size", type=int, default=1024)
-    parser.add_argument("--n-samples", type=int, default=20000)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    out = train_tokenizer(args.out, args.vocab_size, args.n_samples, args.seed)
-    print(out)
-
-
-if __name__ == "__main__":
-    main()
