@@ -18,14 +18,9 @@ from specfold.cli import main
 from specfold.decoding.draft_graph import DraftGraph
 from specfold.eval.harness import EvalPlan, MethodSpec, run_eval
 from specfold.eval.plots import plot_sweep
+from specfold.io import atomic_output, atomic_write_text, check_output_path
 from specfold.model.embedded import embedded_model_dir
-from specfold.validation import (
-    ValidationError,
-    atomic_output,
-    atomic_write_text,
-    check_device,
-    check_output_path,
-)
+from specfold.validation import ValidationError, check_device
 
 EMBEDDED = embedded_model_dir()
 SHIPPED_GRAPH = EMBEDDED / "draft_graph.json"
@@ -299,6 +294,21 @@ def test_api_graph_object_budget(embedded):
     with pytest.raises(ValueError, match="budget 5 does not match the draft graph, which has 2 nodes"):
         prepare_method(embedded, "spiffy", 8, graph, budget=5)
     assert prepare_method(embedded, "spiffy", 8, graph, budget=2).graph == graph
+
+
+def test_draft_graph_checks_its_fit_to_a_run():
+    graph = DraftGraph.from_strings(["(1,1)", "(1,1)|(3,2)"], provenance={"block_size": 4})
+    graph.check_budget(None)
+    graph.check_budget(2)
+    graph.check(block_size=4, vocab_size=2)
+    with pytest.raises(ValidationError, match="^budget 3 does not match the draft graph, which has 2 nodes"):
+        graph.check_budget(3)
+    with pytest.raises(ValidationError, match="^the draft graph uses position rank 3, past the block of 2 positions$"):
+        graph.check(block_size=2)
+    with pytest.raises(ValidationError, match="^the draft graph was calibrated with block size 4, this run decodes"):
+        graph.check(block_size=8)
+    with pytest.raises(ValidationError, match=r"^the draft graph uses vocab rank 2, past the vocabulary \(1 tokens\)$"):
+        graph.check(vocab_size=1)
 
 
 def test_run_eval_checks_out_before_decoding(embedded, tmp_path):

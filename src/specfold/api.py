@@ -24,8 +24,6 @@ from specfold.model.loading import LoadedModel, load_model
 from specfold.validation import (
     ValidationError,
     check_delta,
-    check_graph,
-    check_graph_budget,
     check_method_options,
     check_token_ids,
 )
@@ -139,10 +137,10 @@ def resolve_graph(
         raise ValueError(f"depth cap must be positive, got {depth}")
     if isinstance(graph, DraftGraph):
         g = graph
-        check_graph_budget(g, budget)
+        g.check_budget(budget)
     elif graph is not None:
         g = DraftGraph.load(graph)
-        check_graph_budget(g, budget)
+        g.check_budget(budget)
     else:
         shipped, counts_path, paths_path = model.path / GRAPH_FILE, model.path / COUNTS_FILE, model.path / PATHS_FILE
         if shipped.is_file() and budget in (None, DEFAULT_BUDGET) and depth is None:
@@ -201,7 +199,7 @@ def prepare_method(
     if method == "vanilla":
         return Method("vanilla", DenseVerifier(model.net), None)
     g = resolve_graph(model, graph, budget, depth)
-    check_graph(g, block_size, model.config.vocab_size)
+    g.check(block_size, model.config.vocab_size)
     why = lookahead_supported(model.net, model.config.family, block_size or model.config.block_size)
     if lookahead and why is not None:
         raise ValidationError(f"lookahead: {why}")

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specfold.api import decode_config_for, encode_prompt, record_traces
     from specfold.decoding.calibration import BudgetError, calibrate, counts_to_json
-    from specfold.validation import atomic_write_text
+    from specfold.io import atomic_write_text
 
     out = Path(args.out)
     check_outputs(("--out", out))

@@ -263,7 +263,7 @@ def method_kwargs(args: argparse.Namespace, method: str | None = None) -> dict:
 
 def check_outputs(*paths: tuple[str, str | Path | None]) -> None:
     """``(flag, path)`` pairs of output files, checked writable before any work (a None path is skipped)."""
-    from specfold.validation import check_output_path
+    from specfold.io import check_output_path
 
     for flag, path in paths:
         if path is not None:
@@ -272,7 +272,7 @@ def check_outputs(*paths: tuple[str, str | Path | None]) -> None:
 
 def check_figure_out(path: str | Path, flag: str = "--out") -> None:
     """A figure file: writable, and a suffix matplotlib writes (.png, .svg, .pdf, ...), checked before any work."""
-    from specfold.validation import check_figure_path
+    from specfold.io import check_figure_path
 
     check_figure_path(path, flag)
 

@@ -361,7 +361,7 @@ class CalibrationPaths:
         return cls(tuple(prompts), int(data["max_depth"]), int(data["max_vocab_rank"]), provenance)
 
     def to_json(self, path: str | Path) -> None:
-        from specfold.validation import atomic_write_text
+        from specfold.io import atomic_write_text
 
         atomic_write_text(path, json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
 

@@ -35,6 +35,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specfold.io import atomic_write_text
+from specfold.validation import ValidationError
+
 Pair = tuple[int, int]
 Step = frozenset[Pair]
 Formula = tuple[Step, ...]
@@ -325,6 +328,36 @@ class DraftGraph:
         """Canonical strings of all nodes (root first, as ``""``)."""
         return [formula_to_str(f) for f in self.nodes]
 
+    # -- fit to a run (ValidationError: a graph valid in itself, but not for this run) ----------------------------
+
+    def check_budget(self, budget: int | None) -> None:
+        """A budget asked of a given graph must be the graph's own (a graph file is not re-selected)."""
+        if budget is not None and budget != self.budget:
+            raise ValidationError(
+                f"budget {budget} does not match the draft graph, which has {self.budget} nodes "
+                "(drop the budget, or pass a graph of that budget)"
+            )
+
+    def check(self, block_size: int | None = None, vocab_size: int | None = None) -> None:
+        """The graph's position ranks fit in a block, its vocab ranks in the vocabulary, and the block size it was
+        calibrated with (its provenance, when it records one) is the run's."""
+        if block_size is not None:
+            top = max((r for f in self.nodes for step in f for r, _ in step), default=0)
+            if top > block_size:
+                raise ValidationError(
+                    f"the draft graph uses position rank {top}, past the block of {block_size} positions"
+                )
+            calibrated = self.provenance.get("block_size")
+            if isinstance(calibrated, int) and calibrated != block_size:
+                raise ValidationError(
+                    f"the draft graph was calibrated with block size {calibrated}, this run decodes blocks of "
+                    f"{block_size} (calibrate a graph for this block size)"
+                )
+        if vocab_size is not None and self.max_vocab_rank > vocab_size:
+            raise ValidationError(
+                f"the draft graph uses vocab rank {self.max_vocab_rank}, past the vocabulary ({vocab_size} tokens)"
+            )
+
     # -- JSON ---------------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,8 +419,6 @@ class DraftGraph:
         return graph.with_policy(parsed)
 
     def to_json(self, path: str | Path) -> None:
-        from specfold.validation import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
 
     @classmethod

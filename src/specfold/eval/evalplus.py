@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from specfold.validation import atomic_write_text
+from specfold.io import atomic_write_text
 
 CODE_TASKS: tuple[str, ...] = ("humaneval", "mbpp", "synth-code")
 

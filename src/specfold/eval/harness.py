@@ -27,8 +27,8 @@ from specfold.decoding.batch import decode_batch
 from specfold.decoding.decoder import GenerationResult, decode
 from specfold.engine.base import fold_ratio
 from specfold.eval.provenance import check_resume, graph_hash, run_provenance, sample_hash
+from specfold.io import atomic_write_text, check_output_path
 from specfold.model.loading import LoadedModel
-from specfold.validation import atomic_write_text, check_output_path
 
 SYNTHETIC_PREFIX = "synth-"
 

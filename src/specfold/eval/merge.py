@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specfold.eval.harness import read_records, record_key
-from specfold.validation import atomic_write_text
+from specfold.io import atomic_write_text
 
 # What must agree between two records of one key (timing fields such as ``seconds`` may differ).
 OUTCOME_FIELDS: tuple[str, ...] = ("token_ids", "text", "correct", "nfe", "nfe_denoise", "generated_tokens")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specfold.eval.sweep import SWEEP_KINDS, sweep_summary
-from specfold.validation import atomic_output, check_figure_path
+from specfold.io import atomic_output, check_figure_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

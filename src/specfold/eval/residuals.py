@@ -32,8 +32,8 @@ from specfold.decoding.decoder import PROTOCOLS
 from specfold.decoding.unmasking import confidence, eligible_mask, unmask_step
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
+from specfold.io import atomic_output
 from specfold.model.loading import LoadedModel
-from specfold.validation import atomic_output
 
 LABELS = ("committed", "masked", "new")
 LABEL_COLORS = {"committed": "tab:green", "masked": "tab:gray", "new": "tab:red"}
