@@ -30,7 +30,7 @@ tests_rc=0
 if "$PY" -c "import pytest" 2>/dev/null; then
     timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/engine/test_kernel_gate.py \
         tests/engine/test_kernel_qkv.py tests/engine/test_kernel_attention.py tests/engine/test_kernel_backend.py \
-        tests/engine/test_sync_free.py tests/engine/test_graphs.py tests/engine/test_triton_decode.py || tests_rc=$?
+        tests/engine/test_sync_free.py tests/engine/test_cuda_graphs.py tests/engine/test_triton_decode.py || tests_rc=$?
     # -m gpu replaces the default `-m 'not slow'` (the file is named so that collection needs no test-only packages)
     timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py \
         || { rc=$?; [ "$tests_rc" -ne 0 ] || tests_rc=$rc; }
@@ -124,7 +124,7 @@ from specfold.decoding.speculative import GraphDrafter
 from specfold.engine.base import fold_ratio
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
-from specfold.engine.graphs import GraphedVerifier
+from specfold.engine.cuda_graphs import GraphedVerifier
 from specfold.model.loading import LoadedModel
 from specfold.model.random_checkpoint import random_config
 from specfold.model.transformer import DLLM

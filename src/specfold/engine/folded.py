@@ -502,7 +502,7 @@ class FoldedVerifier:
     ) -> tuple[torch.Tensor, list[LayerCounts], FoldTrace | None]:
         """Embedding, the folded layers and the LM head: logits ``[K, N, V]`` (``[K', N, V]``) and the per-layer
         counts (device tensors). With the triton backend this issues no host sync (what
-        :mod:`specfold.engine.graphs` captures)."""
+        :mod:`specfold.engine.cuda_graphs` captures)."""
         net = self.net
         k, n = states.shape
         h = torch.nn.functional.embedding(states.reshape(-1).to(net.device), net.embed)  # [K*N, E]

@@ -22,7 +22,7 @@ Per layer (kernels in :mod:`specfold.engine.kernels`):
 The layer's :class:`LayerCounts` are device tensors; the pass reads them once, after the LM head
 (:func:`specfold.engine.folded.fold_stats`). The compaction order varies from run to run (atomics), so nothing
 here depends on it: rows are addressed by slot (``table``) or by flat (branch, position). Embedding and LM head
-stay in torch (:class:`~specfold.engine.folded.FoldedVerifier`); :mod:`specfold.engine.graphs` captures the whole
+stay in torch (:class:`~specfold.engine.folded.FoldedVerifier`); :mod:`specfold.engine.cuda_graphs` captures the whole
 pass in a CUDA graph, passing the prefix length as a device tensor (:class:`GraphContext`).
 """
 

@@ -1,6 +1,6 @@
-"""CUDA-graph replay of the triton pass (:mod:`specfold.engine.graphs`) equals the eager pass (``-m gpu``).
+"""CUDA-graph replay of the triton pass (:mod:`specfold.engine.cuda_graphs`) equals the eager pass (``-m gpu``).
 
-On CPU only the argument checks run; the replay test needs CUDA (``pytest -m gpu tests/engine/test_graphs.py``,
+On CPU only the argument checks run; the replay test needs CUDA (``pytest -m gpu tests/engine/test_cuda_graphs.py``,
 run by ``scripts/gpu_check.sh``)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ STATS = ("folded_triples", "corrected_rows", "ffn_folded_triples", "guard_fallba
 
 
 def test_graphed_verifier_needs_triton_on_cuda(fd_ckpt) -> None:
-    from specfold.engine.graphs import GraphedVerifier
+    from specfold.engine.cuda_graphs import GraphedVerifier
 
     _, _, net = load_checkpoint(fd_ckpt, dtype=torch.float32)
     with pytest.raises(ValueError, match="triton backend"):
@@ -41,7 +41,7 @@ def _states(cfg, parents: torch.Tensor, n: int, gen: torch.Generator) -> torch.T
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("family", ["fd", "nld"])
 def test_graph_replay_equals_eager(family, fd_ckpt, nld_ckpt) -> None:
-    from specfold.engine.graphs import GraphedVerifier
+    from specfold.engine.cuda_graphs import GraphedVerifier
 
     _, cfg, net = load_checkpoint(fd_ckpt if family == "fd" else nld_ckpt, dtype=torch.float32)
     net = net.cuda()
