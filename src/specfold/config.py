@@ -12,8 +12,16 @@ Two DLLM families are supported; each is one value of :class:`Family`:
 from __future__ import annotations
 
 import enum
+import math
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from specfold.validation import ValidationError
+
+if TYPE_CHECKING:
+    from specfold.decoding.draft_graph import DraftGraph
 
 
 class Family(enum.StrEnum):
@@ -188,3 +196,208 @@ class DecodeConfig:
                 raise ValueError(
                     f"block_size {self.block_size} is not a multiple of small_block_size {self.small_block_size}"
                 )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Decoding methods: which one runs and with which options (the CLI flags, the API keywords, the eval records)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class MethodName(enum.StrEnum):
+    VANILLA = "vanilla"  # the reference trajectory (SPEC §2)
+    SPIFFY = "spiffy"  # drafts from a calibrated graph, dense verification (SPEC §3)
+    SPECFOLD = "specfold"  # the same drafts, folded verification (SPEC §4)
+
+
+class Backend(enum.StrEnum):
+    TORCH = "torch"
+    TRITON = "triton"  # specfold.engine.triton_backend, imported only when chosen
+
+
+class FfnReuse(enum.StrEnum):
+    RESIDUAL = "residual"  # the FFN gated on its own input: exact at δ = 0
+    PAPER = "paper"  # reused on the layer's folded set, as the paper does (not exact at δ = 0)
+
+
+class AttentionMode(enum.StrEnum):
+    AUTO = "auto"  # per layer, the cheaper of the two by the engine's cost rule
+    CORRECT = "correct"  # Eq. 8 from the source branch's softmax state
+    DIRECT = "direct"  # every folded row over its branch's own K/V (same result)
+
+
+DEFAULT_DELTA = 0.1
+
+# Which methods each option applies to; an option given for a method it does not apply to is refused.
+METHOD_OPTIONS: dict[str, tuple[MethodName, ...]] = {
+    "graph": (MethodName.SPIFFY, MethodName.SPECFOLD),
+    "budget": (MethodName.SPIFFY, MethodName.SPECFOLD),
+    "depth": (MethodName.SPIFFY, MethodName.SPECFOLD),
+    "lookahead": (MethodName.SPIFFY, MethodName.SPECFOLD),
+    "delta": (MethodName.SPECFOLD,),
+    "backend": (MethodName.SPECFOLD,),
+    "ffn": (MethodName.SPECFOLD,),
+    "attention": (MethodName.SPECFOLD,),
+}
+
+
+def check_delta(delta: Any, name: str = "delta") -> float:
+    """δ as a float in [0, 1] (NaN, infinities and booleans refused).
+
+    >>> check_delta(1.5)
+    Traceback (most recent call last):
+    specfold.validation.ValidationError: delta must be a finite number in [0, 1], got 1.5
+    """
+    try:
+        value = float(delta)
+        if isinstance(delta, bool):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise ValidationError(f"{name} must be a finite number in [0, 1], got {delta!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ValidationError(f"{name} must be a finite number in [0, 1], got {value}")
+    return value
+
+
+def check_method_options(
+    methods: str | Sequence[str],
+    given: Mapping[str, Any],
+    flags: Mapping[str, str] | None = None,
+    selector: str = "",
+) -> None:
+    """Refuse an option that none of ``methods`` uses. ``given`` holds the options the caller set explicitly
+    (None = not given, so defaults never trigger this); ``flags`` maps option names to the names the caller knows
+    them by (``{"ffn": "--ffn-reuse"}``), ``selector`` prefixes the method list in the message."""
+    names = [methods] if isinstance(methods, str) else list(methods)
+    for option, value in given.items():
+        if value is None:
+            continue
+        users = METHOD_OPTIONS[option]
+        if not any(m in users for m in names):
+            shown = (flags or {}).get(option, option)
+            raise ValidationError(f"{shown} applies to {selector}{' or '.join(users)}, not {','.join(names)}")
+
+
+def _choice(kind: type[enum.StrEnum], value: Any, name: str) -> Any:
+    """``value`` as a member of ``kind`` (strings coerced); one line naming the choices otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValidationError(f"unknown {name} {value!r}; choose one of {', '.join(kind)}") from None
+
+
+@dataclass(frozen=True)
+class FoldConfig:
+    """Folded verification settings (SPEC §4) with every default filled in: δ of Eq. 5 (finite, in [0, 1]), the
+    engine backend, the FFN reuse and the folded-row attention."""
+
+    delta: float = DEFAULT_DELTA
+    backend: Backend = Backend.TORCH
+    ffn: FfnReuse = FfnReuse.RESIDUAL
+    attention: AttentionMode = AttentionMode.AUTO
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delta", check_delta(self.delta))
+        object.__setattr__(self, "backend", _choice(Backend, self.backend, "backend"))
+        object.__setattr__(self, "ffn", _choice(FfnReuse, self.ffn, "ffn"))
+        object.__setattr__(self, "attention", _choice(AttentionMode, self.attention, "attention"))
+
+
+# FoldConfig's fields in the order records list them, and the values a label leaves out.
+_FOLD_DEFAULTS = {"backend": Backend.TORCH, "ffn": FfnReuse.RESIDUAL, "attention": AttentionMode.AUTO}
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """A decoding method and its options, named as the CLI flags and the API keywords.
+
+    ``method``: vanilla, spiffy or specfold. Drafting methods (spiffy, specfold): ``graph`` (a graph file, or a
+    :class:`~specfold.decoding.draft_graph.DraftGraph`; None: the one shipped beside the model), ``budget`` (B),
+    ``depth`` (a depth cap), ``lookahead`` (boundary drafts: None = wherever the model allows them, True requires
+    them, False turns them off). Specfold only: ``delta``, ``backend``, ``ffn``, ``attention`` (:class:`FoldConfig`,
+    whose defaults :attr:`fold` fills in). None means "not given": an option given for a method it does not apply
+    to is refused, as is any value outside what it may be (:class:`~specfold.validation.ValidationError`).
+
+        >>> MethodConfig(method="specfold", delta=0.2).label
+        'specfold[delta=0.2]'
+    """
+
+    method: MethodName = MethodName.VANILLA
+    graph: str | DraftGraph | None = None
+    budget: int | None = None
+    depth: int | None = None
+    delta: float | None = None
+    backend: Backend | None = None
+    ffn: FfnReuse | None = None
+    attention: AttentionMode | None = None
+    lookahead: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", _choice(MethodName, self.method, "method"))
+        check_method_options(self.method, self.given())
+        if isinstance(self.graph, str | os.PathLike):
+            object.__setattr__(self, "graph", os.fspath(self.graph))
+        elif self.graph is not None and not (hasattr(self.graph, "nodes") and hasattr(self.graph, "budget")):
+            raise ValidationError(f"graph must be a file path or a DraftGraph, got {type(self.graph).__name__}")
+        for name, shown in (("budget", "budget"), ("depth", "depth cap")):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValidationError(f"{shown} must be positive, got {value!r}")
+        if self.lookahead is not None and not isinstance(self.lookahead, bool):
+            raise ValidationError(f"lookahead must be True, False or None, got {self.lookahead!r}")
+        if self.delta is not None:
+            object.__setattr__(self, "delta", check_delta(self.delta))
+        for name, kind in (("backend", Backend), ("ffn", FfnReuse), ("attention", AttentionMode)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _choice(kind, getattr(self, name), name))
+
+    def given(self) -> dict[str, Any]:
+        """The options other than ``method`` as given (None = not given), by name."""
+        return {name: getattr(self, name) for name in METHOD_OPTIONS}
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the method drafts (spiffy, specfold)."""
+        return self.method is not MethodName.VANILLA
+
+    @property
+    def fold(self) -> FoldConfig:
+        """The folded verification settings, defaults filled in (specfold's; the defaults for other methods)."""
+        given = {k: v for k, v in (("delta", self.delta), ("backend", self.backend), ("ffn", self.ffn),
+                                   ("attention", self.attention)) if v is not None}
+        return FoldConfig(**given)
+
+    def for_method(self, method: MethodName | str) -> MethodConfig:
+        """This config's options that apply to ``method``, as a config of that method (a server's options for a
+        request asking for another method)."""
+        name = _choice(MethodName, method, "method")
+        return MethodConfig(name, **{k: v for k, v in self.given().items() if name in METHOD_OPTIONS[k]})
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The method's parameters as eval records store them (part of a record's resume key): nothing for vanilla;
+        budget, depth, graph (and lookahead when given) for the drafting methods; specfold adds the fold settings
+        with their defaults filled in."""
+        if self.method is MethodName.VANILLA:
+            return {}
+        out: dict[str, Any] = {"budget": self.budget, "depth": self.depth, "graph": self._graph_name()}
+        if self.lookahead is not None:  # only when set: the default's records keep their keys
+            out["lookahead"] = self.lookahead
+        if self.method is MethodName.SPECFOLD:
+            fold = self.fold
+            out.update(delta=fold.delta, backend=fold.backend.value, ffn=fold.ffn.value,
+                       attention=fold.attention.value)
+        return out
+
+    @property
+    def label(self) -> str:
+        """The method name plus the parameters that distinguish it, e.g. ``specfold[budget=3,delta=0.1]`` (graph,
+        and fold settings at their defaults, left out)."""
+        params = self.params
+        shown = {k: v for k, v in params.items() if v is not None and k not in ("graph", *_FOLD_DEFAULTS)}
+        shown.update({k: params[k] for k, default in _FOLD_DEFAULTS.items() if k in params and params[k] != default})
+        return self.method.value + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
+
+    def _graph_name(self) -> str | None:
+        if self.graph is None or isinstance(self.graph, str):
+            return self.graph
+        return "DraftGraph[" + ";".join(self.graph.strings()[1:]) + "]"  # a graph object: its nodes
