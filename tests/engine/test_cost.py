@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.engine.test_folded_verifier import PARENTS, _setup
+from tests.engine.branch_pass import PARENTS, branch_pass
 
 from specfold.engine.cost import OPS_CORRECT, OPS_DIRECT, OPS_FFN, LayerCost, measure_machine
 from specfold.engine.dense import DenseVerifier
@@ -43,7 +43,7 @@ def test_measured_machine_is_cached_and_positive() -> None:
 def test_dense_fallback_equals_dense_verifier(family, fd_ckpt, nld_ckpt) -> None:
     """A cost rule under which folding never pays runs every layer densely: the dense verifier's logits, bit for
     bit, at any δ, and the statistics say so."""
-    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float32)
+    net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, torch.float32)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.3, cost=_cost(net, op_macs=1e18)).verify(cache, states, PARENTS)
     assert torch.equal(res.logits, dense)
@@ -54,7 +54,7 @@ def test_dense_fallback_equals_dense_verifier(family, fd_ckpt, nld_ckpt) -> None
 @pytest.mark.parametrize("family", ["fd", "nld"])
 def test_cost_rule_choices_are_exact_at_delta_zero(family, fd_ckpt, nld_ckpt) -> None:
     """Free bookkeeping (every layer folds, attention auto) and the measured rule both equal dense at δ = 0."""
-    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float64)
+    net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     free = FoldedVerifier(net, 0.0, cost=_cost(net, op_macs=0.0)).verify(cache, states, PARENTS)
     assert free.stats["dense_layers"] == 0 and free.stats["folded_triples"] > 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.engine.branch_pass import PARENTS, N, branch_pass
 
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
@@ -14,24 +15,6 @@ from specfold.model.loading import load_checkpoint
 
 # The folding mechanics under test: fold wherever the gate says, without the cost rule's dense fallback.
 ALWAYS = {"cost": None, "dense_fallback": False}
-PARENTS = torch.tensor([-1, 0, 1, 2, 3, 0, 5, 1])  # a chain of depth 4 plus side branches
-N, PROMPT = 32, 13
-
-
-def _setup(ckpt, dtype: torch.dtype, seed: int = 0):
-    _, cfg, net = load_checkpoint(ckpt, dtype=dtype)
-    gen = torch.Generator().manual_seed(seed)
-    cache = net.new_cache(64)
-    net(torch.randint(0, 299, (PROMPT,), generator=gen)[None], cache, mask="causal", write_cache=True)
-    mask_id = cfg.mask_token_id
-    states = torch.full((len(PARENTS), N), mask_id, dtype=torch.long)
-    states[0, :10] = torch.randint(0, 299, (10,), generator=gen)
-    for i in range(1, len(PARENTS)):  # each draft = parent + two more (or re-guessed) positions
-        states[i] = states[PARENTS[i]]
-        pos = torch.randint(8, N, (2,), generator=gen)
-        states[i, pos] = torch.randint(0, 299, (2,), generator=gen)
-    states[6] = states[5]  # a draft identical to its parent: every layer folds with Δ = ∅
-    return net, cache, states
 
 
 def _reference(net, cache, states, parents, delta: float, ffn: str):
@@ -80,7 +63,7 @@ def _fold_ratio(stats: dict[str, float]) -> float:
 @pytest.mark.parametrize("family", ["fd", "nld"])
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-9), (torch.float32, 1e-4)])
 def test_delta_zero_equals_dense(family, dtype, tol, fd_ckpt, nld_ckpt) -> None:
-    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, dtype)
+    net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, dtype)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.0, **ALWAYS).verify(cache, states, PARENTS)  # default ffn="residual"
     assert _fold_ratio(res.stats) > 0.2 and res.stats["corrected_rows"] > 0  # Eq. 8 really ran
@@ -89,7 +72,7 @@ def test_delta_zero_equals_dense(family, dtype, tol, fd_ckpt, nld_ckpt) -> None:
 
 
 def test_guard_fallback_is_exact(fd_ckpt) -> None:
-    net, cache, states = _setup(fd_ckpt, torch.float64)
+    net, cache, states = branch_pass(fd_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.0, guard=1e-9, **ALWAYS).verify(cache, states, PARENTS)
     assert res.stats["guard_fallbacks"] > 0
@@ -98,7 +81,7 @@ def test_guard_fallback_is_exact(fd_ckpt) -> None:
 
 def test_paper_ffn_reuse_is_not_exact_at_delta_zero(fd_ckpt) -> None:
     # why "residual" is the default: SPEC §4 step 6 reuses F on rows whose post-attention input changed
-    net, cache, states = _setup(fd_ckpt, torch.float64)
+    net, cache, states = branch_pass(fd_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.0, ffn="paper", **ALWAYS).verify(cache, states, PARENTS)
     assert (res.logits - dense).abs().max().item() > 1e-3
@@ -108,7 +91,7 @@ def test_paper_ffn_reuse_is_not_exact_at_delta_zero(fd_ckpt) -> None:
 @pytest.mark.parametrize("delta", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("ffn", ["residual", "paper"])
 def test_matches_spec_semantics(family, delta, ffn, fd_ckpt, nld_ckpt) -> None:
-    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=1)
+    net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=1)
     ref_logits, ref_masks = _reference(net, cache, states, PARENTS, delta, ffn)
     res, tr = FoldedVerifier(net, delta, ffn=ffn, **ALWAYS).run(cache, states, PARENTS, trace=True)
     for layer, want in zip(tr.layers, ref_masks, strict=True):
@@ -120,7 +103,7 @@ def test_matches_spec_semantics(family, delta, ffn, fd_ckpt, nld_ckpt) -> None:
 
 @pytest.mark.parametrize("delta", [0.1, 0.3])
 def test_gate_and_inherited_entries(delta, nld_ckpt) -> None:
-    net, cache, states = _setup(nld_ckpt, torch.float64, seed=2)
+    net, cache, states = branch_pass(nld_ckpt, torch.float64, seed=2)
     _, tr = FoldedVerifier(net, delta, **ALWAYS).run(cache, states, PARENTS, trace=True)
     for lt in tr.layers:
         h = lt.h
@@ -150,7 +133,7 @@ def test_gate_and_inherited_entries(delta, nld_ckpt) -> None:
 def test_statistics(fd_ckpt) -> None:
     """Every count of the stats against the pass's own per-layer tables (trace): folded and recomputed rows per
     layer and per graph depth, rows whose block context changed (Δ ≠ ∅, Eq. 8), guard fallbacks, FFN reuse."""
-    net, cache, states = _setup(fd_ckpt, torch.float64)
+    net, cache, states = branch_pass(fd_ckpt, torch.float64)
     res, tr = FoldedVerifier(net, 0.2, **ALWAYS).run(cache, states, PARENTS, trace=True)
     s = res.stats
     layers, k = net.cfg.num_layers, len(PARENTS)
@@ -191,7 +174,7 @@ def test_rejects_unknown_backend(fd_ckpt) -> None:
 @pytest.mark.parametrize("delta", [0.0, 0.1])
 def test_direct_attention_mode_matches_the_correction(family, delta, fd_ckpt, nld_ckpt) -> None:
     # attention="direct" computes every row's attention over its branch's own K/V: the quantity Eq. 8 corrects to
-    net, cache, states = _setup(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=3)
+    net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=3)
     corrected = FoldedVerifier(net, delta, **ALWAYS).verify(cache, states, PARENTS)
     direct = FoldedVerifier(net, delta, attention="direct", **ALWAYS).verify(cache, states, PARENTS)
     assert direct.stats["folded_triples"] == corrected.stats["folded_triples"] > 0
@@ -205,7 +188,7 @@ def test_direct_attention_mode_matches_the_correction(family, delta, fd_ckpt, nl
 def test_imposed_fold_ratio_governs_every_layer(ratio, fd_ckpt) -> None:
     """``imposed_fold`` (the GPU check's fixed fold ratios): each layer folds exactly its imposed non-root rows,
     the same pattern on every call, and the realised ratio is the imposed one up to sampling."""
-    net, cache, states = _setup(fd_ckpt, torch.float64)
+    net, cache, states = branch_pass(fd_ckpt, torch.float64)
     v = FoldedVerifier(net, 0.0, ffn="paper", attention="correct", imposed_fold=ratio, **ALWAYS)
     res, tr = v.run(cache, states, PARENTS, trace=True)
     imposed = v._imposed(len(PARENTS), N)  # [L, K, N]
@@ -219,7 +202,7 @@ def test_imposed_fold_ratio_governs_every_layer(ratio, fd_ckpt) -> None:
 
 
 def test_imposed_fold_zero_is_dense_and_bad_ratios_are_refused(fd_ckpt) -> None:
-    net, cache, states = _setup(fd_ckpt, torch.float64)
+    net, cache, states = branch_pass(fd_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.0, ffn="paper", attention="correct", imposed_fold=0.0, **ALWAYS).verify(
         cache, states, PARENTS)
