@@ -17,13 +17,14 @@ GEMMs are in the weight-streaming regime of the real model while a run still fit
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from specfold.bench.timing import timed
 from specfold.config import DecodeConfig, ModelConfig
 from specfold.decoding.batch import decode_batch
 from specfold.decoding.decoder import GenerationResult
@@ -99,9 +100,8 @@ def bench_batch(
     for _ in range(bench.repeats):
         for r in bench.batch_sizes:
             for name, m in methods.items():
-                t0 = time.perf_counter()
-                results = decode_batch(model, [list(p) for p in prompts], cfg, m, max_batch=r)
-                wall = time.perf_counter() - t0
+                queue = [list(p) for p in prompts]
+                results, wall = timed(partial(decode_batch, model, queue, cfg, m, max_batch=r), model.net.device)
                 runs.setdefault((name, r), []).append((wall, results))
                 done += 1
                 if progress is not None:
@@ -139,6 +139,7 @@ def random_shape_model(
     """Random weights at ``shape`` (:data:`~specfold.bench.layer.SHAPES`) with ``layers`` layers and ``vocab``
     entries (default: the shape's real vocabulary); the last two ids are mask and stop."""
     from specfold.bench.layer import SHAPES
+    from specfold.model.families import config_from_dict
     from specfold.model.random_checkpoint import random_config, random_model
 
     if shape not in SHAPES:
@@ -146,7 +147,7 @@ def random_shape_model(
     s = SHAPES[shape]
     v = vocab or s.vocab
     family = "fast_dllm_v2" if s.qkv_bias else "nld"
-    cfg = ModelConfig.from_dict(random_config(
+    cfg = config_from_dict(random_config(
         family, vocab_size=v, hidden_size=s.hidden, num_heads=s.heads, num_kv_heads=s.kv_heads, num_layers=layers,
         intermediate_size=s.ffn, mask_token_id=v - 1, eos_token_id=v - 2,
     ))

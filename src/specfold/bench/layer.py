@@ -31,13 +31,13 @@ rows with ``Δ = ∅``) are not in the limit.
 
 from __future__ import annotations
 
-import statistics
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from specfold.config import Family, ModelConfig, RopeConfig
+from specfold.bench.timing import interleaved
+from specfold.config import ModelConfig, RopeConfig
 from specfold.engine.cost import LayerCost, measure_machine
 from specfold.engine.folded import correction_plan, folded_layer, gate_and_compact
 from specfold.engine.layer_types import BACKENDS, FoldConfig, LayerContext
@@ -98,7 +98,7 @@ def default_parents(branches: int) -> list[int]:
 def model_config(shape: LayerShape, layers: int = 1, vocab: int = 16) -> ModelConfig:
     """A model config of ``shape`` (plain RoPE, θ = 10⁶) with ``layers`` layers and ``vocab`` entries."""
     return ModelConfig(
-        family=Family.FAST_DLLM_V2 if shape.qkv_bias else Family.NLD, model_type="bench", vocab_size=vocab,
+        family="fast_dllm_v2" if shape.qkv_bias else "nld", model_type="bench", vocab_size=vocab,
         hidden_size=shape.hidden, intermediate_size=shape.ffn, num_layers=layers, num_heads=shape.heads,
         num_kv_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=1e-6, max_position_embeddings=4096,
         qkv_bias=shape.qkv_bias, tie_word_embeddings=False, rope=RopeConfig(theta=1e6),
@@ -129,18 +129,6 @@ def dense_layer(
                 v.view(k, n, layer.hkv, layer.d), None, ctx.scale)
     h = h + layer.attn_out(st.o.to(h.dtype).reshape(k * n, layer.hq, layer.d))
     return h + layer.ffn(h)
-
-
-def timed_call(fn, device: str) -> float:
-    """Seconds of one ``fn()``; on CUDA the clock stops when the device is done (kernels are asynchronous)."""
-    cuda = torch.device(device).type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
 
 
 def rows_layer(
@@ -201,20 +189,32 @@ def bench_layer(
         torch.set_num_threads(previous)
 
 
-@torch.inference_mode()
-def _bench_layer(
+@dataclass
+class LayerCase:
+    """The three executions :func:`bench_layer` times, on one drawn input (each returns the layer's output rows):
+    ``dense()`` ``[K*N, E]``, ``folded()`` ``[K*N, E]``, ``rows()`` ``[R, E]`` (the recomputed rows, in order; the
+    first ``N`` are the main branch's). ``fold`` ``[K, N]`` is the imposed mask."""
+
+    dense: Callable[[], torch.Tensor]
+    folded: Callable[[], torch.Tensor]
+    rows: Callable[[], torch.Tensor]
+    fold: torch.Tensor
+    flop_limit_ratio: float
+    attention_plan: str
+
+
+def layer_case(
     shape: str,
     fold_ratio: float,
-    branches: int,
-    block: int,
-    prefix: int,
-    dtype: torch.dtype,
-    repeats: int,
-    backend: str,
-    warmup: int,
-    seed: int,
-    device: str,
-) -> LayerBenchResult:
+    branches: int = 7,
+    block: int = 32,
+    prefix: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+    backend: str = "torch",
+    seed: int = 0,
+    device: str = "cpu",
+) -> LayerCase:
+    """One layer of ``shape`` with random weights, its input, the imposed fold mask, and the three executions."""
     if shape not in SHAPES:
         raise ValueError(f"unknown layer shape {shape!r}; available: {', '.join(SHAPES)}")
     if backend not in BACKENDS:
@@ -261,25 +261,39 @@ def _bench_layer(
     def run_rows() -> torch.Tensor:
         return rows_layer(layer, packed, cos_r, sin_r, ctx.scale, pk, pv, o_all, n)
 
-    timed = lambda fn: timed_call(fn, device)
-
-    for _ in range(warmup):
-        run_dense(), run_folded(), run_rows()
-    dense_t, folded_t, rows_t = [], [], []
-    for _ in range(repeats):  # interleaved so that background load hits all three alike
-        dense_t.append(timed(run_dense))
-        folded_t.append(timed(run_folded))
-        rows_t.append(timed(run_rows))
-
     plan = gate_and_compact(h.view(k, n, -1), parents, 0.0, fold=fold)
     fix = correction_plan(plan)
-    limit = flop_limit_ratio(sh, k, n, prefix, plan.rows.numel(), fix.delta.sum(dim=1))
     chosen = cost.attention_plan(k * n, n, prefix, plan.rows.numel(), fix.corrected.numel())
-    d_med, f_med, r_med = statistics.median(dense_t), statistics.median(folded_t), statistics.median(rows_t)
+    return LayerCase(
+        dense=run_dense, folded=run_folded, rows=run_rows, fold=fold,
+        flop_limit_ratio=flop_limit_ratio(sh, k, n, prefix, plan.rows.numel(), fix.delta.sum(dim=1)),
+        attention_plan=chosen if backend == "torch" else "correct",
+    )
+
+
+@torch.inference_mode()
+def _bench_layer(
+    shape: str,
+    fold_ratio: float,
+    branches: int,
+    block: int,
+    prefix: int,
+    dtype: torch.dtype,
+    repeats: int,
+    backend: str,
+    warmup: int,
+    seed: int,
+    device: str,
+) -> LayerBenchResult:
+    case = layer_case(shape, fold_ratio, branches, block, prefix, dtype, backend, seed, device)
+    # interleaved so that background load hits all three alike
+    t = interleaved({"dense": case.dense, "folded": case.folded, "rows": case.rows}, repeats, warmup, device)
+    dense, folded, rows = t["dense"], t["folded"], t["rows"]
     return LayerBenchResult(
-        shape=shape, fold_ratio=fold_ratio, realised_fold_ratio=float(fold[1:].float().mean()), branches=branches,
-        block=block, prefix=prefix, dtype=str(dtype).removeprefix("torch."), dense_seconds=d_med,
-        folded_seconds=f_med, dense_spread=max(dense_t) - min(dense_t), folded_spread=max(folded_t) - min(folded_t),
-        ratio=f_med / d_med, rows_limit_ratio=r_med / d_med, rows_seconds=r_med, flop_limit_ratio=limit,
-        attention_plan=chosen if backend == "torch" else "correct", repeats=repeats, threads=torch.get_num_threads(),
+        shape=shape, fold_ratio=fold_ratio, realised_fold_ratio=float(case.fold[1:].float().mean()),
+        branches=branches, block=block, prefix=prefix, dtype=str(dtype).removeprefix("torch."),
+        dense_seconds=dense.median, folded_seconds=folded.median, dense_spread=dense.spread,
+        folded_spread=folded.spread, ratio=folded.median / dense.median, rows_limit_ratio=rows.median / dense.median,
+        rows_seconds=rows.median, flop_limit_ratio=case.flop_limit_ratio, attention_plan=case.attention_plan,
+        repeats=repeats, threads=torch.get_num_threads(),
     )

@@ -17,13 +17,13 @@ whose ``specfold::<part>`` ranges (:data:`~specfold.engine.folded.PARTS`) give t
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 
 import torch
 
-from specfold.bench.layer import SHAPES, default_parents, model_config, timed_call
+from specfold.bench.layer import SHAPES, default_parents, model_config
 from specfold.bench.ops import count_ops
+from specfold.bench.timing import interleaved, timed_call
 from specfold.engine.base import fold_ratio
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import PARTS, FoldedVerifier
@@ -112,26 +112,21 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
     states = draft_states(k, n, parent_list, vocab, vocab - 1, gen).to(device)
     parents = torch.tensor(parent_list, device=device)
     dense, folded = DenseVerifier(net), FoldedVerifier(net, delta, **settings)
-    timed = lambda fn: timed_call(fn, device)
-
     run_dense = lambda: dense.verify(cache, states, parents)
     run_folded = lambda: folded.verify(cache, states, parents)
-    run_dense(), run_folded()
-    dense_t, folded_t = [], []
-    for _ in range(repeats):  # interleaved so that background load hits both alike
-        dense_t.append(timed(run_dense))
-        folded_t.append(timed(run_folded))
+    # interleaved so that background load hits both alike
+    t = interleaved({"dense": run_dense, "folded": run_folded}, repeats, warmup=1, device=device)
 
     stats = run_folded().stats
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        total = timed(run_folded)
+        total = timed_call(run_folded, device)
     parts = {name: 0.0 for name in PARTS}
     for ev in prof.key_averages():
         if ev.key.startswith("specfold::"):
             parts[ev.key.removeprefix("specfold::")] += ev.cpu_time_total * 1e-6
     parts["other"] = max(0.0, total - sum(parts.values()))
     counter = count_ops(run_folded)
-    d_med, f_med = statistics.median(dense_t), statistics.median(folded_t)
+    d_med, f_med = t["dense"].median, t["folded"].median
     draft = stats["draft_triples"]
     return PassBenchResult(
         shape=shape, layers=layers, vocab=vocab, branches=branches, block=block, prefix=prefix,

@@ -1,0 +1,92 @@
+"""Timing for the benchmarks (``specfold bench``) and ``scripts/``: warm up, synchronise, interleave, report the
+median and the spread.
+
+The rules (STYLE habit 5), kept in one place so that every figure in ``docs/results.md`` is measured alike:
+
+* warm-up calls first (first calls, lazily built kernels and a CPU GEMM library's per-shape setup stay out);
+* on CUDA the clock starts and stops with the device idle (kernels are asynchronous);
+* the candidates of one comparison run interleaved (A B C A B C …), so background load hits them alike;
+* a figure is the median over repeats, reported with its spread (max − min).
+
+    times = interleaved({"dense": run_dense, "folded": run_folded}, repeats=5, device="cuda")
+    times["folded"].median / times["dense"].median
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# The clock every timing here reads (tests put a fake one in its place).
+clock: Callable[[], float] = time.perf_counter
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of repeated runs of one candidate."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def low(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def high(self) -> float:
+        return max(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        """max − min over the repeats."""
+        return self.high - self.low
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait until ``device`` has finished its queued work (a no-op off CUDA)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], T], device: str | torch.device = "cpu") -> tuple[T, float]:
+    """``(fn(), seconds)``, the clock running from an idle device to an idle device."""
+    synchronize(device)
+    t0 = clock()
+    out = fn()
+    synchronize(device)
+    return out, clock() - t0
+
+
+def timed_call(fn: Callable[[], object], device: str | torch.device = "cpu") -> float:
+    """Seconds of one ``fn()`` (see :func:`timed`)."""
+    return timed(fn, device)[1]
+
+
+def interleaved(
+    fns: Mapping[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    device: str | torch.device = "cpu",
+) -> dict[str, Timing]:
+    """Time every candidate ``repeats`` times, interleaved in the mapping's order, after ``warmup`` untimed rounds of
+    each. Returns one :class:`Timing` per name."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            seconds[name].append(timed_call(fn, device))
+    return {name: Timing(tuple(s)) for name, s in seconds.items()}
