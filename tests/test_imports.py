@@ -4,8 +4,10 @@ The graph is read from the source (AST), not by importing: every ``import`` / ``
 module counts — module level, inside functions (lazy imports) and under ``TYPE_CHECKING`` — because a cycle hidden
 behind a lazy import is still a cycle in the design. ``from pkg import name`` is an edge to ``pkg.name`` when that
 is a module and to ``pkg`` (its ``__init__``, a re-export) otherwise; a package's ``__init__`` has edges to what it
-imports. The implicit import of a parent package (``import a.b`` runs ``a/__init__``) is not an edge, or every
-package that re-exports a submodule would form a cycle with it.
+imports. Importing ``a.b.c`` first runs ``a/__init__`` and ``a/b/__init__``, so it is also an edge to each of
+those packages — except the importer's own enclosing packages, which Python has already started by the time the
+importer runs (else every package that re-exports a submodule would form a cycle with it). That is the edge by
+which, say, ``engine/base.py`` importing ``engine/folded/stats.py`` would loop through ``engine/folded/__init__``.
 
 A type-only reference to a higher layer is still an upward import: type the value by what the lower layer needs
 (a ``Protocol``, ``Any``), or move the check or the type to the layer that knows it (as ``DraftGraph.check`` did).
@@ -69,7 +71,9 @@ def _imports(name: str) -> set[str]:
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.add(sub if sub in MODULES else target)
-    return {m for m in found if m in MODULES and m != name}
+    enclosing = {name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)}
+    packages = {m.rsplit(".", i)[0] for m in found for i in range(1, m.count(".") + 1)}
+    return {m for m in found | (packages - enclosing) if m in MODULES and m != name}
 
 
 GRAPH = {name: _imports(name) for name in MODULES}
@@ -143,6 +147,8 @@ def test_the_walker_sees_every_kind_of_import() -> None:
     assert "specfold.api" in GRAPH["specfold"]  # the package root re-exports the API
     assert "specfold.engine.folded" in GRAPH["specfold.engine"]  # engine/__init__ re-exports FoldedVerifier
     assert {"specfold.engine.gate", "specfold.engine.attention_rows"} <= GRAPH["specfold.engine.reference"]
+    assert "specfold.engine" in GRAPH["specfold.decoding.decoder"]  # importing engine.base runs engine/__init__
+    assert "specfold.engine" not in GRAPH["specfold.engine.dense"]  # its own package: already started
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
 

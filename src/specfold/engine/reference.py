@@ -29,8 +29,9 @@ from types import SimpleNamespace
 
 import torch
 
-from specfold.engine import attention_rows, gate
+from specfold.engine.attention_rows import attend_rows
 from specfold.engine.correction import correct_rows
+from specfold.engine.gate import fold_mask, relative_residual, resolve_sources
 from specfold.model.attention import AttnState
 from specfold.model.transformer import Layer
 
@@ -69,8 +70,8 @@ def gate_compact_ref(
     fold: torch.Tensor | None = None,  # [K, N] bool imposed fold decisions
 ) -> GateCompact:
     k, n, _ = h.shape
-    rho = gate.relative_residual(h, parents)
-    folded = gate.fold_mask(rho, delta, parents) if fold is None else fold.clone()
+    rho = relative_residual(h, parents)
+    folded = fold_mask(rho, delta, parents) if fold is None else fold.clone()
     folded &= (parents >= 0).to(h.device)[:, None]  # a root (a request's main branch) never folds
     rec = ~folded
     flat = rec.reshape(-1)
@@ -94,7 +95,7 @@ def resolve_sources_ref(
     parents: torch.Tensor,  # [K] long
     slot: torch.Tensor,  # [K, N] int: pool slot of recomputed rows
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    src = gate.resolve_sources(recompute, parents)
+    src = resolve_sources(recompute, parents)
     return src, slot.long().gather(0, src)
 
 
@@ -150,7 +151,7 @@ def attend_rows_ref(
     listed = torch.arange(n, device=q.device)[None, :] < counts[:, None].long()
     rows = ((torch.arange(k, device=q.device)[:, None] * n + lists.long().clamp(min=0))[listed])  # [R']
     table = table.long()
-    st = attention_rows.attend_rows(q[qrow.reshape(-1)[rows].long()], rows, prefix_k, prefix_v, pool_k[table],
+    st = attend_rows(q[qrow.reshape(-1)[rows].long()], rows, prefix_k, prefix_v, pool_k[table],
                                     pool_v[table], scale, prefix_len if prefix_k is not None and prefix_k.dim() == 4
                                     else None)
     dest = orow.reshape(-1)[rows].long()
