@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+from functools import partial
 
 import torch
 
 import specfold
+from specfold.bench.timing import interleaved
 from specfold.engine.dense import DenseVerifier
 
 
@@ -35,18 +35,12 @@ def main() -> None:
     branches = [1, 2, 4, 8]
     inputs = {k: (torch.randint(0, net.cfg.vocab_size - 1, (k, 32), generator=gen),
                   torch.tensor([-1] + list(range(k - 1)))) for k in branches}
-    times: dict[int, list[float]] = {k: [] for k in branches}
+    times = interleaved({k: partial(verifier.verify, cache, *inputs[k]) for k in branches}, args.repeats)
+    base = times[1].median
     for k in branches:
-        verifier.verify(cache, *inputs[k])
-    for _ in range(args.repeats):
-        for k in branches:
-            t0 = time.perf_counter()
-            verifier.verify(cache, *inputs[k])
-            times[k].append(time.perf_counter() - t0)
-    base = statistics.median(times[1])
-    for k in branches:
-        med = statistics.median(times[k])
-        print(json.dumps({"branches": k, "dtype": args.dtype, "seconds": med, "vs_one_branch": med / base}))
+        med = times[k].median
+        print(json.dumps({"branches": k, "dtype": args.dtype, "seconds": med, "spread": times[k].spread,
+                          "vs_one_branch": med / base}))
 
 
 if __name__ == "__main__":

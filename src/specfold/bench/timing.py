@@ -23,6 +23,7 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 # The clock every timing here reads (tests put a fake one in its place).
 clock: Callable[[], float] = time.perf_counter
@@ -73,19 +74,19 @@ def timed_call(fn: Callable[[], object], device: str | torch.device = "cpu") -> 
 
 
 def interleaved(
-    fns: Mapping[str, Callable[[], object]],
+    fns: Mapping[K, Callable[[], object]],
     repeats: int,
     warmup: int = 1,
     device: str | torch.device = "cpu",
-) -> dict[str, Timing]:
+) -> dict[K, Timing]:
     """Time every candidate ``repeats`` times, interleaved in the mapping's order, after ``warmup`` untimed rounds of
-    each. Returns one :class:`Timing` per name."""
+    each. Returns one :class:`Timing` per key."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    seconds: dict[K, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             seconds[name].append(timed_call(fn, device))
