@@ -93,7 +93,7 @@ sys.exit(code)
 
 
 def write_checkpoint(out: Path, head_dim: int, ffn: int, vocab: int) -> Path:
-    from specfold.config import ModelConfig
+    from specfold.model.families import config_from_dict
     from specfold.model.random_checkpoint import random_model, save_checkpoint
 
     ckpt = out / f"nld8b-2l-256h-d{head_dim}-f{ffn}-v{vocab}"
@@ -101,7 +101,7 @@ def write_checkpoint(out: Path, head_dim: int, ffn: int, vocab: int) -> Path:
         return ckpt
     cfg = {**NLD_8B, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
            "hidden_size": 256, "head_dim": head_dim, "intermediate_size": ffn, "vocab_size": vocab}
-    model = random_model(ModelConfig.from_dict(cfg), seed=0)
+    model = random_model(config_from_dict(cfg), seed=0)
     save_checkpoint(model, ckpt, cfg)
     return ckpt
 

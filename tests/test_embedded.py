@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specfold.api import decode_config_for, encode_prompt, prepare_method
-from specfold.config import Family
+from specfold.config import MethodConfig
 from specfold.decoding.decoder import decode
 from specfold.eval.tasks.synthetic import TASKS, load_split
 from specfold.model.embedded import EMBEDDED_DIR
@@ -38,7 +38,7 @@ def test_ships_in_the_package_and_loads_with_no_argument(model):
     assert model.path == EMBEDDED_DIR
     assert (EMBEDDED_DIR / "model.safetensors").stat().st_size <= 30 * 2**20
     cfg = model.config
-    assert cfg.family is Family.FAST_DLLM_V2 and cfg.model_type == "Fast_dLLM_Qwen" and cfg.block_size == 32
+    assert cfg.family == "fast_dllm_v2" and cfg.model_type == "Fast_dLLM_Qwen" and cfg.block_size == 32
     assert cfg.num_layers >= 6 and cfg.num_heads != cfg.num_kv_heads
     assert 8e6 <= sum(p.numel() for p in model.net.parameters()) <= 16e6
     assert model.mask_id == model.tokenizer.convert_tokens_to_ids("|<MASK>|")
@@ -49,7 +49,7 @@ def test_ships_in_the_package_and_loads_with_no_argument(model):
 @pytest.mark.parametrize("budget, depth", [(1, None), (3, None), (7, None), (7, 1), (7, 2), (7, 3), (7, 4)])
 def test_spiffy_is_token_identical_to_vanilla(model, prompts, vanilla, budget, depth):
     cfg = decode_config_for(model, MAX_NEW)
-    m = prepare_method(model, "spiffy", cfg.small_block_size, budget=budget, depth=depth)
+    m = prepare_method(model, MethodConfig(method="spiffy", budget=budget, depth=depth), cfg)
     accepted = 0
     for ids, want in zip(prompts, vanilla, strict=True):
         res = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
@@ -60,7 +60,7 @@ def test_spiffy_is_token_identical_to_vanilla(model, prompts, vanilla, budget, d
 
 def test_specfold_at_delta_zero_is_token_identical_to_vanilla_and_spiffy(model, prompts, vanilla):
     cfg = decode_config_for(model, MAX_NEW)
-    m = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0)
+    m = prepare_method(model, MethodConfig(method="specfold", delta=0.0), cfg)
     folded = 0.0
     for ids, want in zip(prompts, vanilla, strict=True):
         res = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
@@ -74,7 +74,7 @@ def test_triton_backend_at_delta_zero_is_token_identical(model, prompts):
     pytest.importorskip("triton")  # on CPU, tests/conftest.py has switched on the interpreter
     cfg = decode_config_for(model, 32)
     # one prompt (the interpreter is slow): the first where the torch engine folds rows, so the test is not vacuous
-    ref = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0)
+    ref = prepare_method(model, MethodConfig(method="specfold", delta=0.0), cfg)
 
     def folds(ids: list[int]) -> bool:
         res = decode(model, ids, cfg, verifier=ref.verifier, drafter=ref.drafter)
@@ -82,6 +82,6 @@ def test_triton_backend_at_delta_zero_is_token_identical(model, prompts):
 
     ids = next((p for p in prompts if folds(p)), None)
     assert ids is not None, "no held-out prompt folds any row at delta 0 with the torch engine"
-    m = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0, backend="triton")
+    m = prepare_method(model, MethodConfig(method="specfold", delta=0.0, backend="triton"), cfg)
     got = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
     assert got.token_ids == decode(model, ids, cfg).token_ids and got.engine_stats["folded_triples"] > 0

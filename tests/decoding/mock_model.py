@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from specfold.config import Family, ModelConfig
 from specfold.model.cache import PrefixCache
+from specfold.model.families import config_from_dict
 from specfold.model.loading import LoadedModel
 from specfold.model.random_checkpoint import random_config
 from specfold.model.transformer import Prefill
@@ -27,11 +27,12 @@ def target(p: int) -> int:
 
 
 class ScriptedNet:
-    def __init__(self, family: Family, conf: dict[int, float], default_conf: float = 0.3, targets=None) -> None:
-        self.cfg = ModelConfig.from_dict(random_config(family, vocab_size=V))
+    def __init__(self, family: str, conf: dict[int, float], default_conf: float = 0.3, targets=None) -> None:
+        self.cfg = config_from_dict(random_config(family, vocab_size=V))
         self.conf, self.default_conf = conf, default_conf
         self.targets = targets or {}
         self.device = torch.device("cpu")
+        self.dtype = torch.float64
         self.calls: list[tuple[str, int, int, bool]] = []  # (mask, start, rows, write)
 
     def new_cache(self, capacity: int) -> PrefixCache:
@@ -62,11 +63,26 @@ class ScriptedNet:
         out = rows.expand(b, t, V).clone()
         return out if logit_rows is None else out[:, logit_rows]
 
+    def forward_ragged(
+        self, tokens: torch.Tensor, cache, slots: torch.Tensor, lengths: torch.Tensor, mask: str = "bidirectional",
+        write_cache=False, logit_rows=None, valid=None,
+    ):
+        """The batched forward (one branch each, as the decoding core's block commits use it): each request's rows
+        from its own cached length, recorded like :meth:`__call__`."""
+        rows = []
+        for slot, length, toks in zip(slots.tolist(), lengths.tolist(), tokens, strict=True):
+            view = cache.slot(slot)
+            assert view.length == length
+            out = self(toks[None], view, mask=mask, write_cache=False, logit_rows=logit_rows)
+            self.calls[-1] = (mask, length, toks.shape[-1], write_cache)  # the caller advances the length
+            rows.append(out[0])
+        return torch.stack(rows)
+
     def prefill(self, tokens: torch.Tensor, cache: PrefixCache, mask: str = "causal", chunk=None) -> Prefill:
         """One recorded cache-writing call for the whole prompt (chunking is the real model's business)."""
         return Prefill(self(tokens[None], cache, mask=mask, write_cache=True)[0, -1], 1)
 
 
-def scripted_model(family: Family, conf: dict[int, float], **kw) -> LoadedModel:
+def scripted_model(family: str, conf: dict[int, float], **kw) -> LoadedModel:
     net = ScriptedNet(family, conf, **kw)
     return LoadedModel(net=net, config=net.cfg, tokenizer=None, mask_id=MASK, stop_id=STOP, path=Path("scripted"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specfold.api import decode_config_for, encode_prompt, prepare_method, record_traces
-from specfold.config import DecodeConfig, Family
+from specfold.config import DecodeConfig, MethodConfig
 from specfold.decoding.acceptance import (
     Acceptance,
     BlockPaths,
@@ -50,7 +50,7 @@ def assert_offline_equals_online(model, prompts, cfg, graphs):
 
 def test_scripted_chain_replays_to_the_known_schedule():
     # test_speculative's chain: per block pass 1 (no drafting logits), pass 2 covers steps 2-5, pass 3 steps 6-7
-    model = scripted_model(Family.FAST_DLLM_V2, {}, default_conf=0.3)
+    model = scripted_model("fast_dllm_v2", {}, default_conf=0.3)
     cfg = DecodeConfig(max_new_tokens=16, block_size=8, small_block_size=4)
     graph = DraftGraph.from_strings(["(1,1)", "(1,1)|(2,1)", "(1,1)|(2,1)|(3,1)"])
     traces = record_traces(model, [[1, 2, 3, 4, 5, 6, 7, 8]], cfg)
@@ -78,7 +78,7 @@ def test_offline_equals_online_on_the_embedded_model_fp64():
     cfg = decode_config_for(model, 48)
     prompts = [encode_prompt(model, s.prompt) for t in TASKS for s in load_split(t, "calib", limit=3)]
     shipped = DraftGraph.load(model.path / "draft_graph.json")
-    spiffy = prepare_method(model, "spiffy", cfg.small_block_size, budget=5).graph
+    spiffy = prepare_method(model, MethodConfig(method="spiffy", budget=5), cfg).graph
     other = DraftGraph.from_strings(["(1,1)", "(2,1)", "(1,1)+(2,1)", "(1,1)|(2,1)", "(1,1)|(2,1)|(3,1)"])
     assert_offline_equals_online(model, prompts, cfg, [shipped, spiffy, other])
 
@@ -86,7 +86,7 @@ def test_offline_equals_online_on_the_embedded_model_fp64():
 def test_state_semantics_accepts_a_differently_grouped_node():
     # One position per step (conf 0.3 everywhere): the path at step 1 is (1,1)|(2,1); the depth-1 node
     # (1,1)+(2,1) reaches the same state as its second step, so the decoder accepts it after (1,1).
-    model = scripted_model(Family.FAST_DLLM_V2, {}, default_conf=0.3)
+    model = scripted_model("fast_dllm_v2", {}, default_conf=0.3)
     cfg = DecodeConfig(max_new_tokens=8, block_size=8, small_block_size=4)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     traces = record_traces(model, [prompt], cfg)

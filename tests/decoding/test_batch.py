@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.batch import BatchDecoder, BatchRequest, decode_batch
-from specfold.decoding.decoder import decode
+from specfold.decoding.core import BatchRequest, Decoder
+from specfold.decoding.decoder import decode, decode_batch
 from specfold.model.loading import load_model
 
 
@@ -51,7 +51,7 @@ def test_events_stream_the_committed_prefix_and_end_with_the_result_fp64(model):
     prompts = _prompts(model, [n + 2, 4, 2 * n])
     cfg = _cfg(model, max_new_tokens=2 * n)
     budgets = [n, 2 * n, n + 3]  # per-request max_new_tokens: they leave at different steps
-    dec = BatchDecoder(model, cfg, max_batch=2)
+    dec = Decoder(model, cfg, max_batch=2)
     for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)):
         dec.submit(BatchRequest(i, p, max_new_tokens=b))
     streamed: dict[int, list[int]] = {i: [] for i in range(3)}
@@ -72,7 +72,7 @@ def test_cancel_frees_the_slot_and_neighbours_are_unaffected_fp64(model):
     n = model.config.block_size
     prompts = _prompts(model, [n, 3, 7])
     cfg = _cfg(model, max_new_tokens=2 * n)
-    dec = BatchDecoder(model, cfg, max_batch=2)
+    dec = Decoder(model, cfg, max_batch=2)
     for i, p in enumerate(prompts):
         dec.submit(BatchRequest(i, p))
     dec.step()
@@ -88,7 +88,7 @@ def test_cancel_frees_the_slot_and_neighbours_are_unaffected_fp64(model):
 
 def test_submit_refuses_bad_prompts_with_clear_messages(fd_ckpt):
     model = load_model(fd_ckpt, dtype="fp64")
-    dec = BatchDecoder(model, _cfg(model, max_new_tokens=8))
+    dec = Decoder(model, _cfg(model, max_new_tokens=8))
     with pytest.raises(ValueError, match="empty prompt"):
         dec.submit(BatchRequest("a", []))
     with pytest.raises(ValueError, match="past the vocabulary"):
@@ -122,7 +122,7 @@ def _calibrated(model, prompts, cfg):
 
 
 def _method(model, name, graph, cfg, delta):
-    from specfold.decoding.batch import BatchMethod
+    from specfold.decoding.core import BatchMethod
     from specfold.decoding.speculative import GraphDrafter
     from specfold.engine.dense import DenseVerifier
     from specfold.engine.folded import FoldedVerifier
@@ -130,7 +130,7 @@ def _method(model, name, graph, cfg, delta):
     drafter = GraphDrafter(graph, model.mask_id, cfg.small_block_size, model.stop_id)
     if name == "spiffy":
         return BatchMethod(DenseVerifier(model.net), drafter)
-    # δ > 0: no cost rule, so that every fold decision is the request's own (see decoding/batch.py)
+    # δ > 0: no cost rule, so that every fold decision is the request's own (see decoding/core.py)
     settings = {} if delta == 0 else {"cost": None, "dense_fallback": False, "attention": "correct"}
     return BatchMethod(FoldedVerifier(model.net, delta, **settings), drafter)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specfold.api import prepare_method, record_counts
-from specfold.config import DecodeConfig
-from specfold.decoding.batch import BatchMethod, decode_batch
+from specfold.api import decode_config_for, prepare_method, record_counts
+from specfold.config import DecodeConfig, MethodConfig
 from specfold.decoding.calibration import candidates, graph_from_counts
-from specfold.decoding.decoder import decode
+from specfold.decoding.core import BatchMethod
+from specfold.decoding.decoder import decode, decode_batch
 from specfold.decoding.draft_graph import DraftGraph
 from specfold.decoding.speculative import GraphDrafter
 from specfold.engine.dense import DenseVerifier
@@ -77,15 +77,16 @@ def test_boundary_drafts_batch_equals_batch_one_fp64(fd_ckpt):
 def test_boundary_drafts_are_on_where_they_can_run_and_refused_where_asked_but_impossible(fd_ckpt, nld_ckpt):
     nld = load_model(nld_ckpt, dtype="fp64")
     with pytest.raises(ValidationError, match="Fast-dLLM-v2-family"):
-        prepare_method(nld, "spiffy", graph=GRAPH, lookahead=True)
+        prepare_method(nld, MethodConfig(method="spiffy", graph=GRAPH, lookahead=True))
     fd = load_model(fd_ckpt, dtype="fp64")
     n = fd.config.block_size
+    half = decode_config_for(fd, 16, block_size=n // 2)
     with pytest.raises(ValidationError, match=f"block size {n}, got {n // 2}"):
-        prepare_method(fd, "spiffy", graph=GRAPH, lookahead=True, block_size=n // 2)
+        prepare_method(fd, MethodConfig(method="spiffy", graph=GRAPH, lookahead=True), half)
     with pytest.raises(ValidationError, match="lookahead applies to spiffy or specfold, not vanilla"):
-        prepare_method(fd, "vanilla", lookahead=True)
+        prepare_method(fd, MethodConfig(method="vanilla", lookahead=True))
     # the default: boundary drafts wherever they can run, and off on request
-    assert prepare_method(fd, "spiffy", graph=GRAPH).drafter.lookahead
-    assert not prepare_method(fd, "spiffy", graph=GRAPH, lookahead=False).drafter.lookahead
-    assert not prepare_method(nld, "specfold", graph=GRAPH).drafter.lookahead
-    assert not prepare_method(fd, "spiffy", graph=GRAPH, block_size=n // 2).drafter.lookahead
+    assert prepare_method(fd, MethodConfig(method="spiffy", graph=GRAPH)).drafter.lookahead
+    assert not prepare_method(fd, MethodConfig(method="spiffy", graph=GRAPH, lookahead=False)).drafter.lookahead
+    assert not prepare_method(nld, MethodConfig(method="specfold", graph=GRAPH)).drafter.lookahead
+    assert not prepare_method(fd, MethodConfig(method="spiffy", graph=GRAPH), half).drafter.lookahead

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfold.api import decode_config_for, prepare_method, record_counts
-from specfold.config import DecodeConfig, Family
+from specfold.config import DecodeConfig, MethodConfig
 from specfold.decoding.calibration import graph_from_counts
 from specfold.decoding.decoder import decode
 from specfold.decoding.draft_graph import DraftGraph
@@ -48,7 +48,7 @@ def check_lossless(vanilla, spec, states_v, states_s):
 
 def test_chain_of_right_drafts_is_accepted_hop_by_hop():
     # State-independent logits: one position per step (all below tau), so "(1,1) then (2,1) then (3,1)" is right.
-    model = scripted_model(Family.FAST_DLLM_V2, {}, default_conf=0.3)
+    model = scripted_model("fast_dllm_v2", {}, default_conf=0.3)
     cfg = DecodeConfig(max_new_tokens=16, block_size=8, small_block_size=4)
     graph = DraftGraph.from_strings(["(1,1)", "(1,1)|(2,1)", "(1,1)|(2,1)|(3,1)"])
     vanilla, spec, sv, ss = run_pair(model, [1, 2, 3, 4, 5, 6, 7, 8], cfg, graph)
@@ -62,7 +62,7 @@ def test_chain_of_right_drafts_is_accepted_hop_by_hop():
 def test_wrong_drafts_are_rejected_and_change_nothing():
     # Two positions pass tau each step, so single-position drafts are never right; vocab rank 2 never either.
     conf = {p: (0.95 if p % 2 else 0.3) for p in range(64)}
-    model = scripted_model(Family.FAST_DLLM_V2, conf)
+    model = scripted_model("fast_dllm_v2", conf)
     cfg = DecodeConfig(max_new_tokens=16, block_size=8, small_block_size=4)
     graph = DraftGraph.from_strings(["(1,2)", "(2,1)", "(1,2)|(3,1)"])
     vanilla, spec, sv, ss = run_pair(model, [1, 2, 3, 4, 5, 6, 7, 8], cfg, graph)
@@ -71,7 +71,7 @@ def test_wrong_drafts_are_rejected_and_change_nothing():
 
 
 def test_nld_protocol_drafts_over_the_whole_block():
-    model = scripted_model(Family.NLD, {}, default_conf=0.3)
+    model = scripted_model("nld", {}, default_conf=0.3)
     cfg = DecodeConfig(max_new_tokens=16, block_size=8, small_block_size=None)
     graph = DraftGraph.from_strings(["(1,1)", "(1,1)|(2,1)", "(2,1)"])
     vanilla, spec, sv, ss = run_pair(model, [1, 2, 3], cfg, graph)
@@ -116,7 +116,7 @@ def test_property_random_valid_graphs_are_lossless(data, conf):
         if cand not in formulas:
             formulas.append(cand)
     graph = DraftGraph.from_strings(formulas)
-    model = scripted_model(Family.FAST_DLLM_V2, dict(enumerate(conf)))
+    model = scripted_model("fast_dllm_v2", dict(enumerate(conf)))
     cfg = DecodeConfig(max_new_tokens=24, block_size=8, small_block_size=data.draw(st.sampled_from([4, 8])))
     check_lossless(*run_pair(model, [1, 2, 3, 4, 5], cfg, graph))
 
@@ -124,8 +124,8 @@ def test_property_random_valid_graphs_are_lossless(data, conf):
 def test_prepare_method_rejects_bad_options(fd_ckpt):
     model = load_model(fd_ckpt)
     with pytest.raises(ValueError, match="unknown method"):
-        prepare_method(model, "medusa")
+        prepare_method(model, MethodConfig(method="medusa"))
     with pytest.raises(ValueError, match="no draft graph"):
-        prepare_method(model, "spiffy")
+        prepare_method(model, MethodConfig(method="spiffy"))
     with pytest.raises(ValueError, match="not vanilla"):
-        prepare_method(model, "vanilla", budget=3)
+        prepare_method(model, MethodConfig(method="vanilla", budget=3))

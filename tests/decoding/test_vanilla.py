@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specfold.config import DecodeConfig, Family
+from specfold.config import DecodeConfig
 from specfold.decoding.decoder import decode
 from specfold.decoding.unmasking import eligible_mask, select_unmask, stop_reached
 from tests.decoding.mock_model import MASK, STOP, scripted_model, target
@@ -67,7 +67,7 @@ def test_fast_dllm_unaligned_prompt_small_blocks_and_threshold():
     # Positions 5 and 6 predict the same token, so their logit rows are identical and the 0.5/0.5 tie is exact: two
     # rows with the target at different indices need not softmax to the same last bit (the reduction order follows
     # the vector lanes; measured on AVX2: 0.5000000000000001 vs 0.5000000000000002).
-    model = scripted_model(Family.FAST_DLLM_V2, conf, targets={6: target(5)})
+    model = scripted_model("fast_dllm_v2", conf, targets={6: target(5)})
     res, states = run(model, [1, 2, 3], max_new_tokens=12, block_size=8, small_block_size=4)
     t = lambda p: target(5 if p == 6 else p)
     assert states[:5] == [
@@ -89,7 +89,7 @@ def test_fast_dllm_unaligned_prompt_small_blocks_and_threshold():
 
 
 def test_fast_dllm_aligned_prompt_is_prefilled_and_seeds_the_block():
-    model = scripted_model(Family.FAST_DLLM_V2, {p: 0.99 for p in range(8, 16)})
+    model = scripted_model("fast_dllm_v2", {p: 0.99 for p in range(8, 16)})
     res, states = run(model, list(range(8)), max_new_tokens=8, block_size=8, small_block_size=4)
     assert model.net.calls[0] == ("block_causal", 0, 8, True)
     assert states[0] == [target(8)] + [M] * 7
@@ -100,7 +100,7 @@ def test_fast_dllm_aligned_prompt_is_prefilled_and_seeds_the_block():
 
 def test_stop_token_mid_block_ends_generation_and_truncates():
     conf = {9: 0.95, 10: 0.3, 11: 0.95}
-    model = scripted_model(Family.FAST_DLLM_V2, conf, targets={11: STOP}, default_conf=0.99)
+    model = scripted_model("fast_dllm_v2", conf, targets={11: STOP}, default_conf=0.99)
     res, states = run(model, [1, 2, 3], max_new_tokens=64, block_size=8, small_block_size=4)
     # position 11 (stop) unmasked while 10 is still masked: not yet a stop
     assert states[-2] == [target(8), target(9), M, STOP, M, M, M, M]
@@ -111,7 +111,7 @@ def test_stop_token_mid_block_ends_generation_and_truncates():
 
 def test_nld_causal_prefill_seed_all_masks_eligible_and_causal_refresh():
     conf = {4: 0.5, 5: 0.95, 6: 0.4, 7: 0.93, 8: 0.6, 9: 0.1, 10: 0.1}
-    model = scripted_model(Family.NLD, conf)
+    model = scripted_model("nld", conf)
     res, states = run(model, [1, 2, 3], max_new_tokens=10, block_size=8, small_block_size=None)
     t = target
     assert model.net.calls[0] == ("causal", 0, 3, True)

@@ -58,7 +58,8 @@ def test_triton_batch_decode_at_delta_zero_is_vanilla_and_equals_torch(family, t
     """decode_batch with the triton backend: three prompts of different lengths (one not block-aligned, one longer
     than a block) through a batch of two with refill — every request's tokens are vanilla's, and its per-request
     fold statistics are the torch engine's."""
-    from specfold.decoding.batch import BatchMethod, decode_batch
+    from specfold.decoding.core import BatchMethod
+    from specfold.decoding.decoder import decode_batch
 
     model = load_model(write_random_checkpoint(tmp_path / family, family, seed=3, **SHAPE), dtype="fp32",
                        device=device)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specfold.config import ModelConfig
 from specfold.model.attention import attend, block_bias
+from specfold.model.families import config_from_dict
 from specfold.model.random_checkpoint import random_config, random_model
 from specfold.model.transformer import DEFAULT_PREFILL_CHUNK, prefill_chunk_size
 
@@ -25,7 +25,7 @@ def tiny_net(family: str, dtype: torch.dtype = torch.float64, **shape):
     # NLD: YaRN with original max 64 and Llama-4 query scaling, so positions past 64 change the tables per chunk.
     dims = dict(vocab_size=301, hidden_size=16, num_heads=1, num_kv_heads=1, intermediate_size=24,
                 max_position_embeddings=8192)
-    cfg = ModelConfig.from_dict(random_config(family, **{**dims, **shape}))
+    cfg = config_from_dict(random_config(family, **{**dims, **shape}))
     return random_model(cfg, seed=7).to(dtype)
 
 

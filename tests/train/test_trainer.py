@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specfold.config import ModelConfig
+from specfold.model.families import config_from_dict
 from specfold.model.random_checkpoint import save_checkpoint
 from specfold.model.transformer import DLLM
 from specfold.train.trainer import (
@@ -28,7 +28,7 @@ BLOCK, MASK, PAD, VOCAB = 8, 1, 0, 40
 def net() -> DLLM:
     cfg = TrainConfig(out_dir="-", tokenizer_dir="-", block_size=BLOCK, hidden_size=48, num_layers=2, num_heads=4,
                       num_kv_heads=2, intermediate_size=64)
-    model = DLLM(ModelConfig.from_dict(model_config_dict(cfg, VOCAB)))
+    model = DLLM(config_from_dict(model_config_dict(cfg, VOCAB)))
     init_weights(model, seed=3)
     with torch.no_grad():  # the trainer's init leaves the residual branches tiny; make every row matter
         for p in model.parameters():
@@ -131,7 +131,7 @@ def test_warm_start_takes_every_weight_of_the_checkpoint(net, tmp_path):
                       num_kv_heads=2, intermediate_size=64)
     cfg_dict = model_config_dict(cfg, VOCAB)
     save_checkpoint(net, tmp_path / "ckpt", cfg_dict)
-    fresh = DLLM(ModelConfig.from_dict(cfg_dict))
+    fresh = DLLM(config_from_dict(cfg_dict))
     init_weights(fresh, seed=9)
     warm_start(fresh, cfg_dict, tmp_path / "ckpt")
     want, got = net.state_dict(), fresh.state_dict()
@@ -141,4 +141,4 @@ def test_warm_start_takes_every_weight_of_the_checkpoint(net, tmp_path):
     wider = model_config_dict(TrainConfig(out_dir="-", tokenizer_dir="-", block_size=BLOCK, hidden_size=48,
                                           num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=64), VOCAB)
     with pytest.raises(ValueError, match="num_layers: checkpoint 2 vs run 3"):
-        warm_start(DLLM(ModelConfig.from_dict(wider)), wider, tmp_path / "ckpt")
+        warm_start(DLLM(config_from_dict(wider)), wider, tmp_path / "ckpt")

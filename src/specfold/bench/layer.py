@@ -8,8 +8,8 @@ folds with probability ``f`` (the main branch never folds), drawn once before ti
 side by side, interleaved (A B C A B C …), after a warm-up; the median and the spread (max − min) are reported:
 
 * *dense*: one batched layer over all ``K`` branches (the same pieces as :meth:`DLLM.forward`);
-* *folded*: :func:`~specfold.engine.folded.gate_and_compact` (ρ is computed and paid for, then the imposed mask
-  replaces Eq. 5) followed by :func:`~specfold.engine.folded.folded_layer` in the default engine settings (cost
+* *folded*: :func:`~specfold.engine.plan.gate_and_compact` (ρ is computed and paid for, then the imposed mask
+  replaces Eq. 5) followed by :func:`~specfold.engine.folded_layer.folded_layer` in the default engine settings (cost
   rule on, attention ``auto``; the imposed mask governs the FFN too, ``ffn="paper"``), or the same two steps on the
   Triton kernels (``backend="triton"``); dense is always torch;
 * *rows*: the measured limit — the same layer's arithmetic on the ``R`` recomputed rows packed contiguously
@@ -39,8 +39,9 @@ import torch
 from specfold.bench.timing import interleaved
 from specfold.config import ModelConfig, RopeConfig
 from specfold.engine.cost import LayerCost, measure_machine
-from specfold.engine.folded import correction_plan, folded_layer, gate_and_compact
+from specfold.engine.folded_layer import folded_layer
 from specfold.engine.layer_types import BACKENDS, FoldConfig, LayerContext
+from specfold.engine.plan import correction_plan, gate_and_compact
 from specfold.model.attention import attend
 from specfold.model.rope import Rotary
 from specfold.model.transformer import Layer

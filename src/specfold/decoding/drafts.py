@@ -7,7 +7,8 @@ Terms (see :mod:`specfold.decoding.draft_graph` for formulas): at a verification
 and the *drafting logits* ``L`` are the (position-aligned) logits that produced ``X_0``. Position rank ``r`` orders
 the masked positions of ``X_0`` by (small-block index asc, confidence under ``L`` desc, position asc); vocab rank
 ``j`` orders a position's tokens by probability under ``L`` desc, ties to the lower token id. Probabilities are the
-fp32 softmax of :func:`specfold.decoding.unmasking.confidence`, so vocab rank 1 is exactly the rule's argmax token.
+softmax in the logits' dtype, as :func:`specfold.decoding.unmasking.confidence` computes them, so vocab rank 1 is
+exactly the rule's argmax token.
 
 Rules applied by :func:`build_drafts` (a node's *state* is ``X_0`` with all its pairs applied):
 
@@ -65,6 +66,8 @@ class DraftContext:
 def _top_tokens(probs: torch.Tensor, j: int) -> torch.Tensor:  # probs: [N, V] -> [N, J]
     """Token ids by probability desc, ties to the lower id."""
     v = probs.shape[-1]
+    if probs.dtype in (torch.bfloat16, torch.float16):
+        probs = probs.float()  # exact: the same values, so the same order and ties
     if probs.dtype == torch.float32:
         # NOTE: one topk over a packed int64 key (probability bits, then reversed id) instead of a full sort over V;
         # the key is unique per entry so the result is deterministic. Probabilities are >= 0, so their IEEE bits
@@ -89,8 +92,7 @@ def draft_context(
     if max_vocab_rank < 1:
         raise ValueError(f"max_vocab_rank must be >= 1, got {max_vocab_rank}")
     n, v = logits.shape
-    work = logits if logits.dtype == torch.float64 else logits.float()
-    probs = torch.softmax(work, dim=-1)  # same computation as unmasking.confidence
+    probs = torch.softmax(logits, dim=-1)  # same computation as unmasking.confidence
     top = _top_tokens(probs, min(max_vocab_rank, v))  # [N, J]
     conf = probs.gather(-1, top[:, :1]).squeeze(-1)  # [N]
     masked = state == mask_id

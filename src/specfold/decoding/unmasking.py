@@ -3,10 +3,13 @@
 Dims: ``N`` block length, ``V`` vocabulary, ``...`` any leading batch dims (branches).
 
 A *block state* is a LongTensor ``[N]`` of token ids in which ``mask_id`` marks a masked position.
-Confidence of a masked position is the softmax probability of its argmax token. One step unmasks every
-eligible masked position whose confidence is ``> threshold`` and, always, the single most confident eligible
-one. Ties in confidence go to the lowest position (``torch.argmax`` returns the first maximum), so the rule is
-deterministic.
+Confidence of a masked position is the softmax probability of its argmax token, computed in the dtype the family's
+reference uses (:class:`~specfold.model.families.base.UnmaskRule`: the logits' own dtype for Fast-dLLM-v2 and NLD,
+so in bf16 the threshold compares as a bf16 number). One step unmasks every eligible masked position whose
+confidence is ``> threshold`` (``>=`` for an inclusive rule) and, always, the single most confident eligible one.
+Ties in confidence go to the lowest position (``torch.argmax`` returns the first maximum), and a tied argmax token
+to the lowest id, so the rule is deterministic. The argmax may be the mask token itself (the references do not
+exclude it): that position then stays masked.
 
 Eligibility follows the family's protocol: with a small block size ``S`` (Fast-dLLM-v2) only masks inside the
 first small block that still has a mask are eligible; without one (Nemotron-Labs-Diffusion) every mask is.
@@ -16,14 +19,18 @@ from __future__ import annotations
 
 import torch
 
+from specfold.model.families.base import UnmaskRule
 
-def confidence(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+DEFAULT_RULE = UnmaskRule()
+
+
+def confidence(logits: torch.Tensor, rule: UnmaskRule = DEFAULT_RULE) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-1 probability and token per position.
 
-    logits: ``[..., N, V]`` any float dtype; the softmax runs in fp32 (fp64 stays fp64).
-    Returns ``(conf [..., N] float, top [..., N] long)``.
+    logits: ``[..., N, V]``; the softmax runs in the logits' dtype (``rule.confidence_dtype == "model"``) or fp64.
+    Returns ``(conf [..., N], top [..., N] long)``.
     """
-    work = logits if logits.dtype == torch.float64 else logits.float()
+    work = logits.double() if rule.confidence_dtype == "fp64" else logits
     probs = torch.softmax(work, dim=-1)
     conf, top = probs.max(dim=-1)
     return conf, top
@@ -47,15 +54,20 @@ def eligible_mask(state: torch.Tensor, mask_id: int, small_block_size: int | Non
     return masked & (sb == first)
 
 
-def select_unmask(conf: torch.Tensor, eligible: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Positions the rule unmasks: ``conf > threshold`` plus the single most confident eligible position.
+def select_unmask(
+    conf: torch.Tensor, eligible: torch.Tensor, threshold: float, inclusive: bool = False
+) -> torch.Tensor:
+    """Positions the rule unmasks: ``conf > threshold`` (``>=`` when ``inclusive``) plus the single most confident
+    eligible position. The comparison runs in ``conf``'s dtype (a bf16 ``conf`` compares with ``threshold`` rounded
+    to bf16, as the references' ``x1_p > threshold`` does).
 
     conf: ``[..., N]``; eligible: bool ``[..., N]``. Returns bool ``[..., N]`` (all False where nothing is eligible).
     """
     neg = torch.tensor(-1.0, dtype=conf.dtype, device=conf.device)
     masked_conf = torch.where(eligible, conf, neg)
     best = masked_conf.argmax(dim=-1, keepdim=True)  # first maximum -> lowest position on ties
-    chosen = eligible & (conf > threshold)
+    passes = conf >= threshold if inclusive else conf > threshold
+    chosen = eligible & passes
     chosen = chosen.scatter(-1, best, True) & eligible
     return chosen
 
@@ -66,10 +78,11 @@ def unmask_step(
     mask_id: int,
     small_block_size: int | None,
     threshold: float,
+    rule: UnmaskRule = DEFAULT_RULE,
 ) -> torch.Tensor:
     """One application of the rule. Returns the next state ``[..., N]`` (a new tensor)."""
-    conf, top = confidence(logits)
-    chosen = select_unmask(conf, eligible_mask(state, mask_id, small_block_size), threshold)
+    conf, top = confidence(logits, rule)
+    chosen = select_unmask(conf, eligible_mask(state, mask_id, small_block_size), threshold, rule.inclusive)
     return torch.where(chosen, top, state)
 
 

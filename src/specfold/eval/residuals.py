@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.decoder import PROTOCOLS
 from specfold.decoding.unmasking import confidence, eligible_mask, unmask_step
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.io import atomic_output
+from specfold.model.families import family_of
 from specfold.model.loading import LoadedModel
 
 LABELS = ("committed", "masked", "new")
@@ -79,7 +79,8 @@ def _parent_state(
     if prompt.numel() + 2 * n > model.config.max_position_embeddings:
         raise ValueError(f"prompt ({prompt.numel()} tokens) + two blocks exceeds the model's position limit")
     cache = net.new_cache(prompt.numel() + 2 * n)
-    block, gen_start, _ = PROTOCOLS[model.config.family].start(net, prompt, cache, n, model.mask_id)
+    family = family_of(model.config)
+    block, gen_start, _ = family.start(net, prompt, cache, n, model.mask_id, None)
     dense = DenseVerifier(net)
     no_parent = torch.tensor([-1], device=net.device)
     # Default: the last state that still has at least half the block (and min_masks) masked — a mix of committed
@@ -95,7 +96,7 @@ def _parent_state(
                 "use a larger --block-size, a smaller --step or a shorter prompt tail"
             )
         logits = dense.verify(cache, block[None], no_parent).logits[0]  # [N, V]
-        nxt = unmask_step(logits, block, model.mask_id, cfg.small_block_size, cfg.threshold)
+        nxt = unmask_step(logits, block, model.mask_id, cfg.small_block_size, cfg.threshold, family.rule)
         next_masks = int((nxt == model.mask_id).sum())
         done = i == step if step is not None else next_masks < want or masks <= want
         if done:

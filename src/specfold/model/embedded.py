@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specfold.model.loading import CheckpointError
+from specfold.config import CheckpointError
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "assets" / "embedded"
 

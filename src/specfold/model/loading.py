@@ -1,10 +1,9 @@
 """Hugging Face checkpoint loading: a local directory or a hub id, single-file or sharded safetensors.
 
-Weight names follow the real checkpoints (key templates, as in gpt-fast):
-
-* Fast-dLLM-v2 / qwen2: ``model.layers.{i}.self_attn.q_proj.weight`` …, head ``lm_head.weight`` (absent when tied);
-* Nemotron-Labs-Diffusion: the same layer names under ``encoder.`` and the head ``diffusion_head.weight``
-  *(check: layout inferred from public notes; the loader also accepts ``lm_head.weight`` as the head)*.
+Weight names follow the real checkpoints (key templates, as in gpt-fast): the per-layer names below under the
+family's prefix (``model.`` for Fast-dLLM-v2 / qwen2, ``encoder.`` for Nemotron-Labs-Diffusion) and the family's LM
+head (``lm_head.weight``; NLD's ``diffusion_head.weight``), absent when tied
+(:class:`~specfold.model.families.base.FamilySpec`).
 
 Every problem is a :class:`CheckpointError` with a one-line message naming the file or tensor.
 """
@@ -18,12 +17,13 @@ from typing import Any
 
 import torch
 
-from specfold.config import ConfigError, Family, ModelConfig
+from specfold.config import CheckpointError, ConfigError, ModelConfig
+from specfold.model.embedded import embedded_model_dir
+from specfold.model.families import config_from_dict, family_of
 from specfold.model.transformer import DLLM
 
 DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 MASK_TOKEN = "|<MASK>|"
-STOP_TOKENS = ("<|im_end|>", "<|eot_id|>", "</s>")
 
 _LAYER_KEYS = {
     "input_norm": ["input_layernorm.weight"],
@@ -34,10 +34,6 @@ _LAYER_KEYS = {
     "w_gate_up": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
     "w_down": ["mlp.down_proj.weight"],
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be found, downloaded or loaded."""
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -80,7 +76,7 @@ def read_config(ckpt: Path) -> ModelConfig:
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from None
     try:
-        return ModelConfig.from_dict(raw)
+        return config_from_dict(raw)
     except ConfigError as exc:
         raise CheckpointError(f"{cfg_path}: {exc}") from None
 
@@ -115,11 +111,11 @@ def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def _prefix(cfg: ModelConfig) -> str:
-    return "encoder." if cfg.family is Family.NLD else "model."
+    return family_of(cfg).weight_prefix
 
 
 def _head_keys(cfg: ModelConfig) -> list[str]:
-    return ["diffusion_head.weight", "lm_head.weight"] if cfg.family is Family.NLD else ["lm_head.weight"]
+    return list(family_of(cfg).head_keys)
 
 
 def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -194,6 +190,7 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch
 class SpecialIds:
     mask: int
     stop: int | None
+    stop_source: str  # where the stop id came from: "--eos-id", "config.json eos_token_id", "tokenizer '<name>'", …
 
 
 def load_tokenizer(ckpt: Path) -> Any | None:
@@ -208,7 +205,9 @@ def load_tokenizer(ckpt: Path) -> Any | None:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+        # NOTE: trust_remote_code=False, never None: published DLLM configs carry `auto_map`, and None makes
+        # transformers ask on stdin (a hang under a server or CI). Their tokenizers are stock classes anyway.
+        return AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True, trust_remote_code=False)
     except Exception:  # noqa: BLE001 - custom model_types confuse AutoTokenizer; fall back to the fast file
         tok_file = ckpt / "tokenizer.json"
         if not tok_file.is_file():
@@ -226,8 +225,9 @@ def load_tokenizer(ckpt: Path) -> Any | None:
 def special_ids(
     cfg: ModelConfig, tokenizer: Any | None, mask_id: int | None = None, eos_id: int | None = None
 ) -> SpecialIds:
-    """mask = override, else config ``mask_token_id``, else the tokenizer's ``|<MASK>|``;
-    stop = override, else the tokenizer's ``<|im_end|>`` / EOS, else config ``eos_token_id``."""
+    """mask = override, else config ``mask_token_id``, else the tokenizer's ``|<MASK>|``; stop = override, else the
+    checkpoint's configured ``eos_token_id`` (the first of a list), else — only as a fallback — the first of the
+    family's stop token names the tokenizer knows, else the tokenizer's EOS. ``stop_source`` says which was used."""
     if mask_id is None:
         mask_id = cfg.mask_token_id
     if mask_id is None and tokenizer is not None:
@@ -239,20 +239,23 @@ def special_ids(
             f"cannot find the mask token: config.json has no mask_token_id and the tokenizer has no {MASK_TOKEN}; "
             "pass --mask-id"
         )
+    source = "--eos-id"
+    if eos_id is None and cfg.eos_token_id is not None:
+        eos_id, source = cfg.eos_token_id, "config.json eos_token_id"
     if eos_id is None and tokenizer is not None:
-        for tok in STOP_TOKENS:
+        for tok in family_of(cfg).stop_token_names:
             found = tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(found, int) and found != tokenizer.unk_token_id and found is not None:
-                eos_id = found
+            if isinstance(found, int) and found != tokenizer.unk_token_id:
+                eos_id, source = found, f"tokenizer {tok!r}"
                 break
         if eos_id is None and tokenizer.eos_token_id is not None:
-            eos_id = tokenizer.eos_token_id
+            eos_id, source = tokenizer.eos_token_id, "tokenizer eos_token"
     if eos_id is None:
-        eos_id = cfg.eos_token_id
+        source = "none (decodes run to max_new_tokens)"
     for name, value in (("mask", mask_id), ("stop", eos_id)):
         if value is not None and not 0 <= value < cfg.vocab_size:
             raise CheckpointError(f"{name} token id {value} is outside the vocabulary (size {cfg.vocab_size})")
-    return SpecialIds(mask=int(mask_id), stop=None if eos_id is None else int(eos_id))
+    return SpecialIds(mask=int(mask_id), stop=None if eos_id is None else int(eos_id), stop_source=source)
 
 
 def load_checkpoint(
@@ -274,6 +277,7 @@ class LoadedModel:
     mask_id: int
     stop_id: int | None
     path: Path
+    stop_source: str = "given"  # where stop_id came from (see special_ids)
 
     @property
     def name(self) -> str:
@@ -292,10 +296,9 @@ def load_model(
 
     check_device(device)
     if path_or_id is None:
-        from specfold.model.embedded import embedded_model_dir
-
         path_or_id = embedded_model_dir()
     ckpt, cfg, net = load_checkpoint(path_or_id, dtype=dtype, device=device)
     tokenizer = load_tokenizer(ckpt)
     ids = special_ids(cfg, tokenizer, mask_id=mask_id, eos_id=eos_id)
-    return LoadedModel(net=net, config=cfg, tokenizer=tokenizer, mask_id=ids.mask, stop_id=ids.stop, path=ckpt)
+    return LoadedModel(net=net, config=cfg, tokenizer=tokenizer, mask_id=ids.mask, stop_id=ids.stop, path=ckpt,
+                       stop_source=ids.stop_source)

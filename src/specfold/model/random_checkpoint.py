@@ -12,13 +12,14 @@ from typing import Any
 
 import torch
 
-from specfold.config import Family, ModelConfig
+from specfold.config import ModelConfig
+from specfold.model.families import config_from_dict, get_family
 from specfold.model.loading import state_dict_to_hf
 from specfold.model.transformer import DLLM
 
 
 def random_config(
-    family: Family | str,
+    family: str,
     vocab_size: int = 301,
     hidden_size: int = 96,
     num_heads: int = 6,
@@ -30,8 +31,7 @@ def random_config(
     tie_word_embeddings: bool = False,
     max_position_embeddings: int = 4096,
 ) -> dict[str, Any]:
-    """A config.json dict as the family's real checkpoints write it."""
-    family = Family(family)
+    """A config.json dict as the family's real checkpoints write it (its module's ``example_config``)."""
     common = {
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
@@ -44,34 +44,7 @@ def random_config(
         "hidden_act": "silu",
         "torch_dtype": "float32",
     }
-    if family is Family.FAST_DLLM_V2:
-        cfg = {
-            **common,
-            "model_type": "Fast_dLLM_Qwen",
-            "architectures": ["Fast_dLLM_QwenForCausalLM"],
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0,
-            "bd_size": 32,
-        }
-    else:
-        cfg = {
-            **common,
-            "model_type": "nemotron_labs_diffusion",
-            "architectures": ["NemotronLabsDiffusionModel"],
-            "rms_norm_eps": 1e-5,
-            "head_dim": hidden_size // num_heads,
-            "rope_parameters": {
-                "rope_type": "yarn",
-                "rope_theta": 1000000.0,
-                "factor": 16.0,
-                "original_max_position_embeddings": 64,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-                "llama_4_scaling_beta": 0.1,
-            },
-        }
+    cfg = get_family(str(family)).example_config(common)
     if mask_token_id is not None:
         cfg["mask_token_id"] = mask_token_id
     if eos_token_id is not None:
@@ -111,7 +84,7 @@ def save_checkpoint(
     return out
 
 
-def write_random_checkpoint(out_dir: Path | str, family: Family | str, seed: int = 0, **shape: Any) -> Path:
+def write_random_checkpoint(out_dir: Path | str, family: str, seed: int = 0, **shape: Any) -> Path:
     cfg_dict = random_config(family, **shape)
-    model = random_model(ModelConfig.from_dict(cfg_dict), seed=seed)
+    model = random_model(config_from_dict(cfg_dict), seed=seed)
     return save_checkpoint(model, out_dir, cfg_dict)

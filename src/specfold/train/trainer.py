@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from specfold.config import ModelConfig
+from specfold.model.families import config_from_dict
 from specfold.model.random_checkpoint import save_checkpoint
 from specfold.model.transformer import DLLM, rms_norm
 
@@ -314,7 +315,7 @@ def export_state(run_dir: Path, export: Path | None = None) -> Path:
     state = torch.load(run_dir / "state.pt", weights_only=False)
     vocab = state["model"]["embed"].shape[0]
     cfg_dict = model_config_dict(cfg, vocab)
-    net = DLLM(ModelConfig.from_dict(cfg_dict))
+    net = DLLM(config_from_dict(cfg_dict))
     net.load_state_dict(state["model"])
     return export_model(net, cfg_dict, Path(cfg.tokenizer_dir), export or run_dir / "model")
 
@@ -325,7 +326,7 @@ def warm_start(net: DLLM, cfg_dict: dict, checkpoint: str | Path) -> None:
     from specfold.model.loading import load_checkpoint
 
     _, ckpt_cfg, ckpt_net = load_checkpoint(checkpoint, dtype="fp32")
-    want = ModelConfig.from_dict(cfg_dict)
+    want = config_from_dict(cfg_dict)
     fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
               "head_dim", "qkv_bias", "block_size")
     diff = [f"{f}: checkpoint {getattr(ckpt_cfg, f)} vs run {getattr(want, f)}"
@@ -419,7 +420,7 @@ def train(cfg: TrainConfig, progress: Callable[[int, float], None] | None = None
     mask_id = tokenizer.convert_tokens_to_ids("|<MASK>|")
     pad_id = tokenizer.pad_token_id
     cfg_dict = model_config_dict(cfg, len(tokenizer))
-    net = DLLM(ModelConfig.from_dict(cfg_dict))
+    net = DLLM(config_from_dict(cfg_dict))
     init_weights(net, cfg.seed)
     net.train()
     decay = [p for n, p in net.named_parameters() if p.dim() == 2]
