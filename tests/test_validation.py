@@ -15,8 +15,9 @@ import torch
 
 from specfold.api import generate, load_model, prepare_method
 from specfold.cli import main
+from specfold.config import MethodConfig
 from specfold.decoding.draft_graph import DraftGraph
-from specfold.eval.harness import EvalPlan, MethodSpec, run_eval
+from specfold.eval.harness import EvalPlan, run_eval
 from specfold.eval.plots import plot_sweep
 from specfold.io import atomic_output, atomic_write_text, check_output_path
 from specfold.model.embedded import embedded_model_dir
@@ -94,6 +95,11 @@ def one_line_error(capsys, argv: list[str], message: str) -> None:
         (["--backend", "triton"], "--backend applies to --method specfold, not vanilla"),
         (["--attention", "direct"], "--attention applies to --method specfold, not vanilla"),
         (["--graph", str(SHIPPED_GRAPH)], "--graph applies to --method spiffy or specfold, not vanilla"),
+        (["--no-lookahead"], "--no-lookahead applies to --method spiffy or specfold, not vanilla"),
+        (["--method", "specfold", "--backend", "cuda"],
+         "argument --backend: invalid choice: 'cuda' (choose from 'torch', 'triton')"),
+        (["--method", "beam"],
+         "argument --method: invalid choice: 'beam' (choose from 'vanilla', 'spiffy', 'specfold')"),
         (["--method", "spiffy", "--delta", "0.2"], "--delta applies to --method specfold, not spiffy"),
         (["--method", "spiffy", "--ffn-reuse", "paper"], "--ffn-reuse applies to --method specfold, not spiffy"),
         (["--method", "spiffy", "--graph", str(SHIPPED_GRAPH), "--budget", "99"],
@@ -141,6 +147,24 @@ def test_device_without_cuda(capsys, cwd):
             load_model(device="cuda")
 
 
+def test_no_lookahead_reaches_the_decoder(capsys, cwd, monkeypatch):
+    import specfold.api
+
+    seen = []
+    real = specfold.api.prepare_method
+    monkeypatch.setattr(specfold.api, "prepare_method", lambda *a: seen.append(real(*a)) or seen[-1])
+    assert main([*GEN, "--method", "spiffy", "--no-lookahead"]) == 0
+    assert main([*GEN, "--method", "spiffy"]) == 0
+    capsys.readouterr()
+    assert [m.drafter.lookahead for m in seen] == [False, True]  # the embedded model drafts at boundaries
+
+
+def test_demo_refuses_a_delta_outside_0_1(capsys, cwd):
+    one_line_error(capsys, ["demo", "--delta", "1.5"], "argument --delta: delta must be a finite number in [0, 1], "
+                   "got 1.5")
+    one_line_error(capsys, ["demo", "--delta", "nan"], "delta must be a finite number in [0, 1], got nan")
+
+
 def test_defaults_never_count_as_given(capsys, cwd):
     """Every option left at its default is accepted for every method (only explicit ones are checked)."""
     for method in ("vanilla", "spiffy", "specfold"):
@@ -160,6 +184,11 @@ def test_defaults_never_count_as_given(capsys, cwd):
          "--attention applies to --methods specfold, not vanilla,spiffy"),
         (["--methods", "vanilla", "--budget", "3"], "--budget applies to --methods spiffy or specfold, not vanilla"),
         (["--methods", "specfold", "--delta", "0.1,1.5"], "delta must be a finite number in [0, 1], got 1.5"),
+        (["--methods", "vanilla", "--no-lookahead"],
+         "--no-lookahead applies to --methods spiffy or specfold, not vanilla"),
+        (["--methods", "specfold", "--ffn-reuse", "x"],
+         "argument --ffn-reuse: invalid choice: 'x' (choose from 'residual', 'paper')"),
+        (["--methods", "vanilla,medusa"], "unknown method(s) ['medusa']; choose from vanilla, spiffy, specfold"),
         (["--device", "cuda:99"], "device 'cuda:99'"),
     ],
 )
@@ -292,8 +321,8 @@ def test_api_checks_every_prompt_before_decoding_any(embedded):
 def test_api_graph_object_budget(embedded):
     graph = DraftGraph.from_strings(["(1,1)", "(2,1)"])
     with pytest.raises(ValueError, match="budget 5 does not match the draft graph, which has 2 nodes"):
-        prepare_method(embedded, "spiffy", 8, graph, budget=5)
-    assert prepare_method(embedded, "spiffy", 8, graph, budget=2).graph == graph
+        prepare_method(embedded, MethodConfig("spiffy", graph=graph, budget=5))
+    assert prepare_method(embedded, MethodConfig("spiffy", graph=graph, budget=2)).graph == graph
 
 
 def test_draft_graph_checks_its_fit_to_a_run():
@@ -312,7 +341,7 @@ def test_draft_graph_checks_its_fit_to_a_run():
 
 
 def test_run_eval_checks_out_before_decoding(embedded, tmp_path):
-    plan = EvalPlan(tasks=["synth-math"], methods=[MethodSpec("vanilla")], limit=1, max_new_tokens=4)
+    plan = EvalPlan(tasks=["synth-math"], methods=[MethodConfig("vanilla")], limit=1, max_new_tokens=4)
     with pytest.raises(ValidationError, match="is a directory; give a file path"):
         run_eval(embedded, plan, tmp_path)
     with pytest.raises(ValidationError, match="directory .*missing does not exist"):

@@ -8,25 +8,22 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from specfold.config import DecodeConfig
+from specfold.config import METHOD_OPTIONS, DecodeConfig, MethodConfig, MethodName
 from specfold.decoding.acceptance import BlockTrace, CalibrationPaths
-from specfold.decoding.batch import decode_batch
 from specfold.decoding.calibration import count_formulas, counts_from_json, graph_from_counts, graph_from_paths
-from specfold.decoding.decoder import Drafter, GenerationResult, decode, lookahead_supported
+from specfold.decoding.core import Drafter, GenerationResult, lookahead_supported
+from specfold.decoding.decoder import decode, decode_batch
 from specfold.decoding.draft_graph import DraftGraph, Formula
 from specfold.decoding.speculative import GraphDrafter, TraceRecorder
 from specfold.engine.base import Verifier
 from specfold.engine.dense import DenseVerifier
+from specfold.model.families import family_of
 from specfold.model.loading import LoadedModel, load_model
-from specfold.validation import (
-    ValidationError,
-    check_delta,
-    check_method_options,
-    check_token_ids,
-)
+from specfold.validation import ValidationError, check_token_ids
 
 __all__ = [
     "METHODS",
@@ -44,7 +41,7 @@ __all__ = [
     "truncate_at_stop",
 ]
 
-METHODS = ("vanilla", "spiffy", "specfold")
+METHODS = tuple(m.value for m in MethodName)
 DEFAULT_BUDGET = 7
 GRAPH_FILE = "draft_graph.json"  # a calibrated graph shipped beside a checkpoint (B = 7)
 COUNTS_FILE = "draft_graph.counts.json"  # its counts, as `specfold calibrate` writes them
@@ -109,7 +106,7 @@ def decode_config_for(
 ) -> DecodeConfig:
     """Decoding parameters with the family's defaults (block = the checkpoint's ``bd_size``; small blocks of 8
     for Fast-dLLM-v2, none for Nemotron-Labs-Diffusion; prefill chunks of ``DEFAULT_PREFILL_CHUNK`` rows)."""
-    sbs = model.config.default_small_block_size if small_block_size == "auto" else small_block_size
+    sbs = family_of(model.config).default_small_block_size if small_block_size == "auto" else small_block_size
     cfg = DecodeConfig(
         max_new_tokens=max_new_tokens,
         threshold=threshold,
@@ -169,91 +166,78 @@ class Method:
     graph: DraftGraph | None = None
 
 
-def prepare_method(
-    model: LoadedModel,
-    method: str = "vanilla",
-    small_block_size: int | None = None,
-    graph: str | Path | DraftGraph | None = None,
-    budget: int | None = None,
-    depth: int | None = None,
-    delta: float | None = None,
-    backend: str | None = None,
-    ffn: str | None = None,
-    attention: str | None = None,
-    *,
-    block_size: int | None = None,
-    lookahead: bool | None = None,
-) -> Method:
-    """The verifier and drafter of ``method``. Options left None take their defaults (δ 0.1, backend ``torch``,
-    FFN ``residual``, attention ``auto``, boundary drafts ``lookahead`` wherever the model and block size allow
-    them; True requires them, False turns them off); an option given for a method it does
-    not apply to is refused (``delta`` with spiffy or vanilla, ``graph`` with vanilla, ...). ``block_size`` (the
-    run's) checks the graph against it (and that boundary drafts can run)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    options = {"graph": graph, "budget": budget, "depth": depth, "delta": delta, "backend": backend, "ffn": ffn,
-               "attention": attention, "lookahead": lookahead}
-    check_method_options(method, options)
-    if method == "specfold":
-        delta = check_delta(0.1 if delta is None else delta)
-    if method == "vanilla":
+def prepare_method(model: LoadedModel, method: MethodConfig, decode_cfg: DecodeConfig | None = None) -> Method:
+    """The verifier and drafter of ``method`` (its options validated by :class:`~specfold.config.MethodConfig`;
+    those left None take their defaults: δ 0.1, backend ``torch``, FFN ``residual``, attention ``auto``, boundary
+    drafts wherever the model and block size allow them). ``decode_cfg`` (default: the model's,
+    :func:`decode_config_for`) is the run's: the graph is checked against its block size, the drafter works in its
+    small blocks, and boundary drafts must be able to run at its block size when ``lookahead`` is True."""
+    if not isinstance(method, MethodConfig):
+        raise TypeError(f"prepare_method takes a MethodConfig, got {type(method).__name__}")
+    cfg = decode_cfg if decode_cfg is not None else decode_config_for(model)
+    if method.method is MethodName.VANILLA:
         return Method("vanilla", DenseVerifier(model.net), None)
-    g = resolve_graph(model, graph, budget, depth)
-    g.check(block_size, model.config.vocab_size)
-    why = lookahead_supported(model.net, model.config.family, block_size or model.config.block_size)
-    if lookahead and why is not None:
+    g = resolve_graph(model, method.graph, method.budget, method.depth)
+    g.check(cfg.block_size, model.config.vocab_size)
+    why = lookahead_supported(model.net, model.config.family, cfg.block_size)
+    if method.lookahead and why is not None:
         raise ValidationError(f"lookahead: {why}")
-    on = why is None if lookahead is None else lookahead
-    drafter = GraphDrafter(g, model.mask_id, small_block_size, model.stop_id, device=model.net.device, lookahead=on)
-    if method == "spiffy":
+    on = why is None if method.lookahead is None else method.lookahead
+    drafter = GraphDrafter(
+        g, model.mask_id, cfg.small_block_size, model.stop_id, device=model.net.device, lookahead=on
+    )
+    if method.method is MethodName.SPIFFY:
         return Method("spiffy", DenseVerifier(model.net), drafter, g)
     from specfold.engine.folded import FoldedVerifier
 
+    fold = method.fold
     verifier = FoldedVerifier(
-        model.net, delta=delta, backend=backend or "torch", ffn=ffn or "residual", attention=attention or "auto"
+        model.net, delta=fold.delta, backend=fold.backend.value, ffn=fold.ffn.value, attention=fold.attention.value
     )
     return Method("specfold", verifier, drafter, g)
 
 
 def generate(
     model: LoadedModel,
-    prompt_or_ids: str | list[int] | torch.Tensor,
+    prompt_or_ids: str | list[int] | torch.Tensor | Sequence[str | list[int]],
     *,
+    method: MethodConfig | str = "vanilla",
     max_new_tokens: int = 256,
     threshold: float = 0.9,
     block_size: int | None = None,
     small_block_size: int | None | str = "auto",
-    method: str = "vanilla",
-    graph: str | Path | DraftGraph | None = None,
-    budget: int | None = None,
-    depth: int | None = None,
-    delta: float | None = None,
-    backend: str | None = None,
-    ffn: str | None = None,
-    attention: str | None = None,
     chat: bool = True,
     prefill_chunk: int | None = None,
     batch_size: int = 8,
-    lookahead: bool | None = None,
+    **options: Any,
 ) -> GenerationResult | list[GenerationResult]:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result; a
     list of prompts (texts or id lists) returns one result per prompt, in order, decoded through a continuous
     batch of at most ``batch_size`` requests (every method; each request's tokens are its batch-1 decode's, except
     that specfold at ``delta > 0`` under the cost rule picks a layer's dense fallback for the whole pass).
 
-    ``method``: ``vanilla``; ``spiffy`` (drafts from a calibrated graph, dense verification); ``specfold`` (the
-    same drafts, folded verification with threshold ``delta``, default 0.1; ``ffn`` ``residual`` or ``paper``);
-    ``lookahead``: spiffy's and specfold's boundary drafts (:mod:`specfold.decoding.decoder`; default: where the
-    family allows them, False turns them off). All
-    three produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``); ``delta > 0`` trades exactness
-    for speed. Options that the method does not use (``delta`` with vanilla, ...) are refused, as are prompt ids
-    outside the vocabulary (before anything is decoded).
+    ``method``: a :class:`~specfold.config.MethodConfig`, or a method name whose options come as keywords
+    (``generate(model, prompt, method="specfold", delta=0.1)``: ``graph``, ``budget``, ``depth``, ``lookahead``,
+    ``delta``, ``backend``, ``ffn``, ``attention``, as the MethodConfig fields). ``vanilla``; ``spiffy`` (drafts
+    from a calibrated graph, dense verification); ``specfold`` (the same drafts, folded verification with threshold
+    ``delta``, default 0.1). All three produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``);
+    ``delta > 0`` trades exactness for speed. Options that the method does not use (``delta`` with vanilla, ...)
+    are refused, as are prompt ids outside the vocabulary (before anything is decoded).
     """
+    options = {k: v for k, v in options.items() if v is not None}  # None = not given, as in MethodConfig
+    unknown = [k for k in options if k not in METHOD_OPTIONS]
+    if unknown:
+        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
+    if isinstance(method, MethodConfig):
+        if options:
+            raise ValidationError(
+                f"{', '.join(options)}: give the method's options in its MethodConfig, not also as keywords"
+            )
+        method_cfg = method
+    else:
+        method_cfg = MethodConfig(method, **options)
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk)
-    m = prepare_method(
-        model, method, cfg.small_block_size, graph, budget, depth, delta, backend, ffn, attention,
-        block_size=cfg.block_size, lookahead=lookahead,
-    )
+    m = prepare_method(model, method_cfg, cfg)
     several = isinstance(prompt_or_ids, list | tuple) and bool(prompt_or_ids) and not isinstance(prompt_or_ids[0], int)
     prompts = list(prompt_or_ids) if several else [prompt_or_ids]
     ids = [encode_prompt(model, p, chat) if isinstance(p, str) else p for p in prompts]

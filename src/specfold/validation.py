@@ -4,74 +4,28 @@ Every check raises :class:`ValidationError` (a ``ValueError``) with one line nam
 does any work besides looking: the CLI calls them before loading a model, the API before decoding. Output files
 are checked and written by :mod:`specfold.io`; a draft graph checks itself (:meth:`DraftGraph.check
 <specfold.decoding.draft_graph.DraftGraph.check>`). This module is at the bottom of the package: it imports nothing
-of specfold.
+of specfold. The method options are checked by :class:`~specfold.config.MethodConfig` (with
+:func:`~specfold.config.check_delta` and :func:`~specfold.config.check_method_options`).
 
-    >>> check_delta(1.5)
+    >>> check_token_ids([5, 5000], vocab_size=1024)
     Traceback (most recent call last):
-    ValidationError: delta must be a finite number in [0, 1], got 1.5
+    ValidationError: the prompt has token id 5000, past the vocabulary (1024)
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
-    "METHOD_OPTIONS",
     "ValidationError",
-    "check_delta",
     "check_device",
-    "check_method_options",
     "check_token_ids",
 ]
 
 
 class ValidationError(ValueError):
     """An option or argument outside what it may be; the message is one line."""
-
-
-# Which methods each speculation option applies to (an option given for a method it does not apply to is refused).
-METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
-    "graph": ("spiffy", "specfold"),
-    "budget": ("spiffy", "specfold"),
-    "depth": ("spiffy", "specfold"),
-    "lookahead": ("spiffy", "specfold"),
-    "delta": ("specfold",),
-    "backend": ("specfold",),
-    "ffn": ("specfold",),
-    "attention": ("specfold",),
-}
-
-
-def check_delta(delta: Any, name: str = "delta") -> float:
-    """δ as a float in [0, 1] (NaN and infinities refused)."""
-    try:
-        value = float(delta)
-    except (TypeError, ValueError):
-        raise ValidationError(f"{name} must be a finite number in [0, 1], got {delta!r}") from None
-    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise ValidationError(f"{name} must be a finite number in [0, 1], got {value}")
-    return value
-
-
-def check_method_options(
-    methods: str | Sequence[str],
-    given: Mapping[str, Any],
-    flags: Mapping[str, str] | None = None,
-    selector: str = "",
-) -> None:
-    """Refuse a speculation option that none of ``methods`` uses. ``given`` holds the options the caller set
-    explicitly (None = not given, so defaults never trigger this); ``flags`` maps option names to the names the
-    caller knows them by (``{"ffn": "--ffn-reuse"}``), ``selector`` prefixes the method list in the message."""
-    names = [methods] if isinstance(methods, str) else list(methods)
-    for option, value in given.items():
-        if value is None:
-            continue
-        users = METHOD_OPTIONS[option]
-        if not any(m in users for m in names):
-            shown = (flags or {}).get(option, option)
-            raise ValidationError(f"{shown} applies to {selector}{' or '.join(users)}, not {','.join(names)}")
 
 
 def check_token_ids(ids: Iterable[int], vocab_size: int) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from specfold.api import load_model, prepare_method
 from specfold.bench.batch import BatchBenchConfig, bench_batch, random_shape_model
-from specfold.config import DecodeConfig
+from specfold.config import DecodeConfig, MethodConfig
 from specfold.decoding.decoder import decode
 
 
@@ -19,7 +19,7 @@ def test_points_match_the_batch_one_decodes(fd_ckpt):
     cfg = DecodeConfig(block_size=n, small_block_size=n // 2, threshold=0.5, max_new_tokens=n)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 200, (t,), generator=g).tolist() for t in (3, n, n + 5)]
-    methods = {"vanilla": prepare_method(model, "vanilla")}
+    methods = {"vanilla": prepare_method(model, MethodConfig(), cfg)}
     points = bench_batch(model, prompts, cfg, methods, BatchBenchConfig((1, 2), repeats=2))
     assert [(p.method, p.batch_size) for p in points] == [("vanilla", 1), ("vanilla", 2)]
     alone = [decode(model, p, cfg) for p in prompts]

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from specfold.api import decode_config_for, encode_prompt, load_model, prepare_method, record_counts
 from specfold.cli import main
+from specfold.config import MethodConfig
 from specfold.decoding.calibration import counts_to_json, graph_from_counts
 from specfold.decoding.decoder import decode
 from specfold.decoding.draft_graph import DraftGraph
@@ -75,7 +76,7 @@ def test_demo_shows_each_domain_the_table_its_key_timing_and_conclusions(capsys,
     labels = ["vanilla", "spiffy", "specfold[delta=0.1]"]
     assert list(rows) == [(t, m) for t in TASKS for m in labels]
     cfg = decode_config_for(embedded, 16)
-    spiffy = prepare_method(embedded, "spiffy", cfg.small_block_size)
+    spiffy = prepare_method(embedded, MethodConfig("spiffy"), cfg)
     nfe = {"vanilla": 0, "spiffy": 0}
     n_correct = 0
     for task in TASKS:
@@ -136,7 +137,7 @@ def test_calibrate_writes_the_graph_of_the_counted_prompts(capsys, embedded, tmp
     assert graph.budget == 3 and graph.strings() == graph_from_counts(counts, 3).strings()
     assert info["nodes"] == graph.strings()[1:] and len(info["nodes"]) == 3
     # the written graph drives spiffy losslessly
-    m = prepare_method(embedded, "spiffy", cfg.small_block_size, graph=out_path)
+    m = prepare_method(embedded, MethodConfig("spiffy", graph=out_path), cfg)
     got = decode(embedded, prompts[0], cfg, verifier=m.verifier, drafter=m.drafter)
     assert got.token_ids == decode(embedded, prompts[0], cfg).token_ids
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specfold.api import decode_config_for, encode_prompt, prepare_method
+from specfold.config import MethodConfig
 from specfold.decoding.decoder import decode
 from specfold.eval.tasks.synthetic import TASKS, load_split
 from specfold.model.loading import load_model
@@ -56,7 +57,7 @@ def test_forward_on_cuda_matches_the_cpu(model, prompts):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_specfold_at_delta_zero_is_token_identical_on_cuda(model, prompts, backend):
     cfg = decode_config_for(model, MAX_NEW)
-    m = prepare_method(model, "specfold", cfg.small_block_size, delta=0.0, backend=backend)
+    m = prepare_method(model, MethodConfig("specfold", delta=0.0, backend=backend), cfg)
     folded = accepted = 0.0
     for ids in prompts:
         want = decode(model, ids, cfg).token_ids

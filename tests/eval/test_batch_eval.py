@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from specfold.api import load_model
-from specfold.eval.harness import EvalPlan, MethodSpec, record_key, run_eval
+from specfold.config import MethodConfig
+from specfold.eval.harness import EvalPlan, record_key, run_eval
 
 
 def test_batched_eval_writes_the_batch_one_records(text_ckpt: Path):
     model = load_model(text_ckpt, dtype="fp64")
     kw = dict(limit=5, max_new_tokens=16, block_size=8, threshold=0.5)
-    specs = [MethodSpec("vanilla"), MethodSpec("spiffy", budget=3), MethodSpec("specfold", budget=3, delta=0.0)]
+    specs = [MethodConfig("vanilla"), MethodConfig("spiffy", budget=3), MethodConfig("specfold", budget=3, delta=0.0)]
     one = run_eval(model, EvalPlan(["synth-math"], specs, **kw), None)
     many = run_eval(model, EvalPlan(["synth-math"], specs, batch_size=3, **kw), None)
     assert [record_key(r) for r in many] == [record_key(r) for r in one]
@@ -29,8 +30,8 @@ def test_batched_records_share_the_batch_wall_time(text_ckpt: Path):
     own per-request seconds, and batch 1's tokens. (How fast that is belongs to ``specfold bench batch``.)"""
     model = load_model(text_ckpt, dtype="fp64")
     kw = dict(limit=6, max_new_tokens=16, block_size=8, threshold=0.5)
-    one = run_eval(model, EvalPlan(["synth-math"], [MethodSpec("vanilla")], **kw), None)
-    recs = run_eval(model, EvalPlan(["synth-math"], [MethodSpec("vanilla")], batch_size=3, **kw), None)
+    one = run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla")], **kw), None)
+    recs = run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla")], batch_size=3, **kw), None)
     assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in one]
     assert len({r["wall_seconds"] for r in recs}) == 1 and recs[0]["wall_seconds"] > 0  # one batch, one share
     assert all(r["seconds"] > 0 for r in recs)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from specfold.cli.demo import conclusions
+from specfold.config import MethodConfig
 from specfold.eval import demo
 from specfold.eval.demo import Spread, run_demo
-from specfold.eval.harness import EvalPlan, MethodSpec
+from specfold.eval.harness import EvalPlan
 
 
 def records(seconds: dict[str, float], spiffy_tokens: list[int] | None = None) -> list[dict]:
@@ -23,7 +24,7 @@ def records(seconds: dict[str, float], spiffy_tokens: list[int] | None = None) -
     return out
 
 
-PLAN = EvalPlan(tasks=["synth-math"], methods=[MethodSpec("vanilla"), MethodSpec("spiffy")])
+PLAN = EvalPlan(tasks=["synth-math"], methods=[MethodConfig("vanilla"), MethodConfig("spiffy")])
 
 
 def scripted(monkeypatch, runs: list[dict[str, float]], spiffy_tokens=None) -> list[int]:

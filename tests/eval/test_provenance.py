@@ -12,8 +12,9 @@ import pytest
 
 from specfold.api import load_model
 from specfold.cli import main
+from specfold.config import MethodConfig
 from specfold.decoding.draft_graph import DraftGraph
-from specfold.eval.harness import EvalPlan, MethodSpec, read_records, run_eval
+from specfold.eval.harness import EvalPlan, read_records, run_eval
 from specfold.eval.provenance import ProvenanceMismatch, model_hash
 from specfold.eval.sweep import run_sweep
 from specfold.model.random_checkpoint import write_random_checkpoint
@@ -24,7 +25,7 @@ HINT = "pass --overwrite to start a new file, or another --out"
 def plan(**changes) -> EvalPlan:
     fields = dict(
         tasks=["synth-math"],
-        methods=[MethodSpec("vanilla")],
+        methods=[MethodConfig("vanilla")],
         limit=2,
         max_new_tokens=8,
         block_size=8,
@@ -117,7 +118,7 @@ def test_a_recalibrated_graph_under_the_same_name_is_refused(ckpt: Path, tmp_pat
     graph = tmp_path / "g.json"
     DraftGraph.from_strings(["(1,1)", "(1,1)+(2,1)"]).to_json(graph)
     out = tmp_path / "g.jsonl"
-    p = plan(methods=[MethodSpec("spiffy", graph=str(graph))], limit=1)
+    p = plan(methods=[MethodConfig("spiffy", graph=str(graph))], limit=1)
     model = load_model(ckpt)
     run_eval(model, p, out)
     DraftGraph.from_strings(["(1,1)", "(2,1)"]).to_json(graph)  # same file, same budget, other nodes

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from specfold.api import load_model
-from specfold.eval.harness import EvalPlan, MethodSpec, read_records, record_key, repair_tail, run_eval
+from specfold.config import MethodConfig
+from specfold.eval.harness import EvalPlan, read_records, record_key, repair_tail, run_eval
 
 KILL_AFTER = 3
 
@@ -20,7 +21,7 @@ class Killed(Exception):
 def plan() -> EvalPlan:
     return EvalPlan(
         tasks=["synth-math"],
-        methods=[MethodSpec("vanilla"), MethodSpec("spiffy", budget=3)],
+        methods=[MethodConfig("vanilla"), MethodConfig("spiffy", budget=3)],
         limit=3,
         max_new_tokens=8,
         block_size=8,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from specfold.api import load_model
 from specfold.cli import main
-from specfold.eval.harness import EvalPlan, MethodSpec, read_records, record_key, run_eval
+from specfold.config import MethodConfig
+from specfold.eval.harness import EvalPlan, read_records, record_key, run_eval
 
 SHARDS = 2
 LIMIT = 4
@@ -32,7 +33,7 @@ def test_two_processes_merge_to_the_single_run(text_ckpt: Path, tmp_path: Path, 
     procs = [subprocess.Popen(shard_argv(text_ckpt, outs[i], i), env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(SHARDS)]
     model = load_model(text_ckpt)  # the single-process reference runs meanwhile
-    single = run_eval(model, EvalPlan(["synth-math"], [MethodSpec("vanilla"), MethodSpec("spiffy", budget=3)],
+    single = run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla"), MethodConfig("spiffy", budget=3)],
                                       limit=LIMIT, max_new_tokens=16, block_size=8, threshold=1.0), None)
     for p in procs:
         _, err = p.communicate(timeout=SHARD_TIMEOUT_S)
@@ -83,7 +84,7 @@ def test_torchrun_two_processes_merge_to_the_single_run(text_ckpt: Path, tmp_pat
     outs = [tmp_path / f"run.rank{r}-of-{SHARDS}.jsonl" for r in range(SHARDS)]
     assert all(read_records(o) for o in outs)
     model = load_model(text_ckpt)
-    single = run_eval(model, EvalPlan(["synth-math"], [MethodSpec("vanilla"), MethodSpec("spiffy", budget=3)],
+    single = run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla"), MethodConfig("spiffy", budget=3)],
                                       limit=LIMIT, max_new_tokens=16, block_size=8, threshold=1.0), None)
     merged = tmp_path / "all.jsonl"
     assert main(["merge", *map(str, outs), "--out", str(merged), "--json"]) == 0

@@ -9,6 +9,7 @@ import json
 from specfold.cli.common import (
     Parser,
     UsageError,
+    choices,
     delta_list,
     delta_type,
     float_list,
@@ -18,6 +19,7 @@ from specfold.cli.common import (
     progress_bar,
     threshold_type,
 )
+from specfold.config import Backend, MethodConfig
 from specfold.model.loading import DTYPES
 
 
@@ -51,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=7)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (1 is steadiest)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--backend", choices=["torch", "triton"], default="torch")
+    p.add_argument("--backend", choices=choices(Backend), default="torch")
     p.add_argument("--json", action="store_true", help="one JSON object per line (the last line is the last run)")
     p.set_defaults(func=run)
 
@@ -98,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", type=int_list, default=[1, 4, 8, 16], help="R values (default 1,4,8,16)")
     p.add_argument("--methods", type=method_list, default=["vanilla", "spiffy", "specfold"])
     p.add_argument("--delta", type=delta_type, default=0.1, help="specfold's delta (default 0.1)")
-    p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
+    p.add_argument("--backend", choices=choices(Backend), default="torch", help="specfold engine backend")
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="generation budget (default 64)")
     p.add_argument("--threshold", type=threshold_type, default=0.9)
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
@@ -186,7 +188,7 @@ def run_batch(args: argparse.Namespace) -> int:
         options = {"delta": args.delta, "backend": args.backend} if name == "specfold" else {}
         if name != "vanilla" and graph is not None:
             options["graph"] = graph
-        methods[name] = prepare_method(model, name, cfg.small_block_size, block_size=cfg.block_size, **options)
+        methods[name] = prepare_method(model, MethodConfig(name, **options), cfg)
     bar = progress_bar(len(bench.batch_sizes) * len(methods) * bench.repeats, "bench batch")
 
     def progress(p) -> None:

@@ -4,10 +4,24 @@ progress bar."""
 from __future__ import annotations
 
 import argparse
+import enum
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+from specfold.config import (
+    METHOD_OPTIONS,
+    AttentionMode,
+    Backend,
+    FfnReuse,
+    MethodConfig,
+    MethodName,
+    check_delta,
+    check_method_options,
+)
 from specfold.model.loading import DTYPES
+from specfold.validation import ValidationError
 
 
 class UsageError(ValueError):
@@ -43,9 +57,7 @@ def non_negative_float(text: str) -> float:
 
 
 def delta_type(text: str) -> float:
-    """δ: a finite number in [0, 1] (the validation layer's rule)."""
-    from specfold.validation import ValidationError, check_delta
-
+    """δ: a finite number in [0, 1] (:func:`specfold.config.check_delta`)."""
     try:
         return check_delta(text.strip() if text.strip() else text)
     except ValidationError as err:
@@ -112,11 +124,16 @@ def number_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def choices(kind: type[enum.StrEnum]) -> list[str]:
+    """The values of an option's enum, as argparse ``choices`` (its message then quotes them as plain strings)."""
+    return [m.value for m in kind]
+
+
 def method_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in ("vanilla", "spiffy", "specfold")]
+    bad = [n for n in names if n not in choices(MethodName)]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {bad or text!r}; choose from vanilla, spiffy, specfold")
+        raise argparse.ArgumentTypeError(f"unknown method(s) {bad or text!r}; choose from {', '.join(MethodName)}")
     return names
 
 
@@ -165,70 +182,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_method_args(p: argparse.ArgumentParser, multi: bool = False, lookahead: bool = True) -> None:
-    g = p.add_argument_group("speculation (spiffy, specfold)")
-    if multi:
-        g.add_argument(
-            "--methods",
-            default="vanilla",
-            type=method_list,
-            help="comma-separated: vanilla, spiffy, specfold (default vanilla)",
-        )
-    else:
-        g.add_argument(
-            "--method",
-            default="vanilla",
-            choices=["vanilla", "spiffy", "specfold"],
-            help="vanilla; spiffy = drafts + dense verification; specfold = drafts + folded verification",
-        )
-    g.add_argument("--graph", default=None, help="draft graph JSON (default: the one shipped beside the model)")
-    g.add_argument("--budget", type=positive_int, default=None, help="draft budget B (default 7)")
-    g.add_argument("--depth", type=positive_int, default=None, help="cap on the draft graph depth")
-    if lookahead:
-        g.add_argument(
-            "--no-lookahead",
-            dest="lookahead",
-            action="store_false",
-            default=None,
-            help="spiffy/specfold without boundary drafts (on by default for the Fast-dLLM-v2 family: the forward "
-            "that writes a finished block to the cache also runs the next block's first state from a guessed seed, "
-            "saving that block's first pass when the guess is right; lossless)",
-        )
-    # Defaults of the options below are None (= not given) so that an option given for a method it does not apply
-    # to is refused (validation.check_method_options) while its default never is; DEFAULTS fills them in.
-    if multi:
-        g.add_argument(
-            "--delta",
-            type=delta_list,
-            default=None,
-            help="specfold recompute threshold(s) on the relative residual, in [0, 1], comma-separated (0.1)",
-        )
-    else:
-        g.add_argument(
-            "--delta",
-            type=delta_type,
-            default=None,
-            help="specfold recompute threshold on the relative residual, in [0, 1] (default 0.1)",
-        )
-    g.add_argument("--backend", choices=["torch", "triton"], default=None, help="specfold engine backend (torch)")
-    g.add_argument(
-        "--ffn-reuse",
-        choices=["residual", "paper"],
-        default=None,
-        help="specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); "
-        "'paper' reuses it on the layer's folded set as the paper does (not exact at delta 0)",
-    )
-    g.add_argument(
-        "--attention",
-        choices=["auto", "correct", "direct"],
-        default=None,
-        help="specfold folded-row attention: 'auto' = per layer the cheaper of the two by the engine's cost rule "
-        "(default); 'correct' = Eq. 8 from the source's softmax state; 'direct' = every row over its branch's own "
-        "K/V in one batched call (same result)",
-    )
-
-
-# The speculation options as the CLI spells them (the API's names are the keys).
+# The method options as the CLI spells them (the MethodConfig field names are the keys), and their help.
 METHOD_FLAGS = {
     "graph": "--graph",
     "budget": "--budget",
@@ -239,26 +193,81 @@ METHOD_FLAGS = {
     "ffn": "--ffn-reuse",
     "attention": "--attention",
 }
-METHOD_DEFAULTS = {"delta": 0.1, "backend": "torch", "ffn": "residual", "attention": "auto"}
+METHOD_HELP = {
+    "graph": "draft graph JSON (default: the one shipped beside the model)",
+    "budget": "draft budget B (default 7)",
+    "depth": "cap on the draft graph depth",
+    "lookahead": "spiffy/specfold without boundary drafts (on by default for the Fast-dLLM-v2 family: the forward "
+    "that writes a finished block to the cache also runs the next block's first state from a guessed seed, saving "
+    "that block's first pass when the guess is right; lossless)",
+    "delta": "specfold recompute threshold on the relative residual, in [0, 1] (default 0.1)",
+    "backend": "specfold engine backend (torch)",
+    "ffn": "specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); 'paper' "
+    "reuses it on the layer's folded set as the paper does (not exact at delta 0)",
+    "attention": "specfold folded-row attention: 'auto' = per layer the cheaper of the two by the engine's cost rule "
+    "(default); 'correct' = Eq. 8 from the source's softmax state; 'direct' = every row over its branch's own K/V in "
+    "one batched call (same result)",
+}
+_CHOICES = {"backend": Backend, "ffn": FfnReuse, "attention": AttentionMode}
 
 
-def given_method_options(args: argparse.Namespace) -> dict:
-    """The speculation options given on the command line (None = left at the default), by API name."""
-    return {name: getattr(args, flag[2:].replace("-", "_"), None) for name, flag in METHOD_FLAGS.items()}
+def add_method_args(
+    p: argparse.ArgumentParser,
+    select: str | None = "method",
+    options: Iterable[str] = tuple(METHOD_FLAGS),
+    help: Mapping[str, str] | None = None,
+) -> None:
+    """The method options of a command: ``select`` ``"method"`` (one, ``--method``), ``"methods"`` (a comma-separated
+    ``--methods`` list, each specfold run at every δ of a comma-separated ``--delta``) or None (the command picks its
+    methods); ``options``: which of :data:`METHOD_FLAGS` it takes; ``help``: texts replacing :data:`METHOD_HELP`'s.
+
+    Every default is None (= not given), so that an option given for a method it does not apply to is refused
+    (:func:`method_config`) while its default never is; :class:`~specfold.config.MethodConfig` fills defaults in."""
+    helps = {**METHOD_HELP, **(help or {})}
+    g = p.add_argument_group("speculation (spiffy, specfold)")
+    if select == "methods":
+        g.add_argument("--methods", default=[MethodName.VANILLA.value], type=method_list,
+                       help=f"comma-separated: {', '.join(MethodName)} (default vanilla)")
+    elif select == "method":
+        g.add_argument("--method", default=MethodName.VANILLA.value, choices=choices(MethodName),
+                       help="vanilla; spiffy = drafts + dense verification; specfold = drafts + folded verification")
+    for option in options:
+        flag = METHOD_FLAGS[option]
+        if option in _CHOICES:
+            g.add_argument(flag, choices=choices(_CHOICES[option]), default=None, help=helps[option])
+        elif option == "lookahead":
+            g.add_argument(flag, dest="lookahead", action="store_false", default=None, help=helps[option])
+        elif option == "delta" and select == "methods":
+            g.add_argument(flag, type=delta_list, default=None,
+                           help="specfold recompute threshold(s) on the relative residual, in [0, 1], "
+                           "comma-separated (0.1)")
+        elif option == "delta":
+            g.add_argument(flag, type=delta_type, default=None, help=helps[option])
+        elif option in ("budget", "depth"):
+            g.add_argument(flag, type=positive_int, default=None, help=helps[option])
+        else:
+            g.add_argument(flag, default=None, help=helps[option])
 
 
-def check_method_args(args: argparse.Namespace, methods: list[str], selector: str) -> None:
-    """Refuse an option given for methods it does not apply to (``--delta`` with vanilla, like ``--graph``)."""
-    from specfold.validation import check_method_options
-
-    check_method_options(methods, given_method_options(args), METHOD_FLAGS, selector)
+def given_method_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The method options given on the command line (None = left at the default), by MethodConfig field name."""
+    return {name: getattr(args, "ffn_reuse" if name == "ffn" else name, None) for name in METHOD_FLAGS}
 
 
-def method_kwargs(args: argparse.Namespace, method: str | None = None) -> dict:
-    """The options given for ``--method`` (refusing those that do not apply to it); the API fills in defaults."""
+def method_config(args: argparse.Namespace, method: str | None = None, **values: Any) -> MethodConfig:
+    """``method`` (default ``--method``) as a MethodConfig with the options given on the command line that apply to
+    it; ``values`` replace parsed ones (one δ of a ``--delta`` list). An option that none of the command's methods
+    (``--method``, or every method of ``--methods``) uses is refused, naming the flag."""
     method = method or args.method
-    check_method_args(args, [method], "--method ")
-    return {k: v for k, v in given_method_options(args).items() if v is not None}
+    selected, selector = (
+        (args.methods, "--methods ") if hasattr(args, "methods")
+        else ([args.method], "--method ") if hasattr(args, "method") else ([method], "")
+    )
+    given = given_method_options(args)
+    check_method_options(selected, given, METHOD_FLAGS, selector)
+    given.update(values)
+    name = MethodName(method)
+    return MethodConfig(name, **{k: v for k, v in given.items() if v is not None and name in METHOD_OPTIONS[k]})
 
 
 def check_outputs(*paths: tuple[str, str | Path | None]) -> None:

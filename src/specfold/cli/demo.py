@@ -6,7 +6,8 @@ import argparse
 import textwrap
 
 from specfold.cli.common import (
-    non_negative_float,
+    add_method_args,
+    method_config,
     positive_int,
     progress_bar,
 )
@@ -24,7 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     p.add_argument("--limit", type=positive_int, default=5, help="problems per domain (default 5)")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--delta", type=non_negative_float, default=0.1, help="specfold threshold (default 0.1)")
     p.add_argument(
         "--repeats",
         type=positive_int,
@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="timing repeats at most (default 5; at least 3, or this many if fewer): the demo stops once one more "
         "repeat moves no median tokens/s by over 5%%",
     )
+    add_method_args(p, None, ("delta",), help={"delta": "specfold threshold, in [0, 1] (default 0.1)"})
     p.set_defaults(func=run)
 
 
@@ -105,10 +106,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from specfold.api import load_model
+    from specfold.config import MethodConfig
     from specfold.eval.demo import run_demo
-    from specfold.eval.harness import EvalPlan, MethodSpec, format_table
+    from specfold.eval.harness import EvalPlan, format_table
     from specfold.eval.tasks.synthetic import TASKS
 
+    methods = [MethodConfig("vanilla"), MethodConfig("spiffy"), method_config(args, "specfold")]
     if args.global_threads is None:  # the model is small: more threads only contend on a shared CPU
         torch.set_num_threads(1)
     threads = torch.get_num_threads()
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
           f"{threads} CPU thread{'s' if threads > 1 else ''}" + (" (--threads N for more)" if threads == 1 else ""))
     plan = EvalPlan(
         tasks=TASKS,
-        methods=[MethodSpec("vanilla"), MethodSpec("spiffy"), MethodSpec("specfold", delta=args.delta)],
+        methods=methods,
         limit=args.limit,
         max_new_tokens=args.max_new_tokens,
     )

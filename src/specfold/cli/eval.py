@@ -9,16 +9,15 @@ import sys
 from pathlib import Path
 
 from specfold.cli.common import (
-    METHOD_DEFAULTS,
     add_batch_arg,
     add_decode_args,
     add_method_args,
     add_model_args,
     add_overwrite_arg,
-    check_method_args,
     check_outputs,
     evalplus_samples,
     load_from_args,
+    method_config,
     positive_int,
     progress_bar,
 )
@@ -68,31 +67,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_overwrite_arg(p)
     add_model_args(p)
     add_decode_args(p)
-    add_method_args(p, multi=True)
+    add_method_args(p, "methods")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from specfold.eval.harness import EvalPlan, format_table, run_eval, summarize
 
-    from specfold.eval.harness import EvalPlan, MethodSpec, format_table, run_eval, summarize
-
-    check_method_args(args, args.methods, "--methods ")
+    specs = [
+        method_config(args, name, delta=d)
+        for name in args.methods
+        for d in (args.delta or [None] if name == "specfold" else [None])
+    ]
     num_shards, shard_id, out = launcher_shard(args.num_shards, args.shard_id, args.out)
     check_outputs(("--out", out), ("--evalplus-out", args.evalplus_out))
-    backend = args.backend or METHOD_DEFAULTS["backend"]
-    ffn = args.ffn_reuse or METHOD_DEFAULTS["ffn"]
-    attention = args.attention or METHOD_DEFAULTS["attention"]
-    specs = []
-    for name in args.methods:
-        if name == "specfold":
-            specs += [
-                MethodSpec(name, args.budget, args.depth, d, args.graph, backend, ffn, attention, args.lookahead)
-                for d in args.delta or [METHOD_DEFAULTS["delta"]]
-            ]
-        elif name == "spiffy":
-            specs.append(MethodSpec(name, args.budget, args.depth, None, args.graph, lookahead=args.lookahead))
-        else:
-            specs.append(MethodSpec(name))
     plan = EvalPlan(
         tasks=args.tasks,
         methods=specs,

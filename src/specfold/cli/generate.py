@@ -14,7 +14,7 @@ from specfold.cli.common import (
     add_model_args,
     id_list,
     load_from_args,
-    method_kwargs,
+    method_config,
     positive_int,
 )
 from specfold.model.transformer import DEFAULT_PREFILL_CHUNK
@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = gather_prompts(args)
     if any(not s for s in args.stop):
         raise UsageError("--stop needs a non-empty string")
+    method = method_config(args)
     model = load_from_args(args)
     if args.stop and model.tokenizer is None:
         raise UsageError(f"--stop cuts text, and {model.path} has no tokenizer")
@@ -153,10 +154,9 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         block_size=args.block_size,
         small_block_size=args.small_block_size,
-        method=args.method,
+        method=method,
         chat=not args.no_chat,
         prefill_chunk=args.prefill_chunk,
-        **method_kwargs(args),
     )
     results = out if isinstance(out, list) else [out]
     for i, result in enumerate(results):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 
 from specfold.cli.common import (
+    METHOD_FLAGS,
     add_decode_args,
     add_method_args,
     add_model_args,
+    given_method_options,
     load_from_args,
     positive_int,
 )
+from specfold.config import MethodConfig, MethodName
 
 
 def _port(text: str) -> int:
@@ -48,32 +51,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_model_args(p)
     add_decode_args(p)
-    add_method_args(p, lookahead=False)
+    add_method_args(p, "method", [o for o in METHOD_FLAGS if o != "lookahead"])
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from specfold.serve import ServerConfig, serve
 
+    # Every option applies to a method some request may ask for (--delta is specfold's δ on a vanilla server too),
+    # so none is refused here: each method takes those that apply to it.
+    options = MethodConfig(MethodName.SPECFOLD, **given_method_options(args))
     model = load_from_args(args)
     config = ServerConfig(
         host=args.host,
         port=args.port,
         model_name=args.served_model_name,
-        method=args.method,
-        delta=args.delta,
+        method=MethodName(args.method),
+        options=options,
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         max_tokens=args.max_new_tokens,
         threshold=args.threshold,
         block_size=args.block_size,
         small_block_size=args.small_block_size,
-        graph=args.graph,
-        budget=args.budget,
-        depth=args.depth,
-        backend=args.backend,
-        ffn=args.ffn_reuse,
-        attention=args.attention,
         log_level=args.log_level,
     )
     serve(model, config)

@@ -10,11 +10,12 @@ from specfold.cli.common import (
     UsageError,
     add_batch_arg,
     add_decode_args,
+    add_method_args,
     add_model_args,
     add_overwrite_arg,
     check_outputs,
-    delta_type,
     load_from_args,
+    method_config,
     number_list,
     positive_int,
     progress_bar,
@@ -44,15 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated values (default: delta 0.01,0.02,0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7; budget 2..8; "
         "depth 1..4)",
     )
-    p.add_argument("--budget", type=positive_int, default=None, help="B of the delta and depth sweeps (default 7)")
-    p.add_argument("--delta", type=delta_type, default=None, help="delta of budget/depth sweeps, in [0, 1] (0.1)")
-    p.add_argument("--backend", choices=["torch", "triton"], default="torch", help="specfold engine backend")
-    p.add_argument("--ffn-reuse", choices=["residual", "paper"], default="residual", help="specfold FFN reuse")
-    p.add_argument(
-        "--attention",
-        choices=["auto", "correct", "direct"],
-        default="auto",
-        help="specfold folded-row attention: auto (cost rule, default), Eq. 8 correction or direct (same result)",
+    add_method_args(
+        p, None, ("budget", "delta", "backend", "ffn", "attention"),
+        help={"budget": "B of the delta and depth sweeps (default 7)",
+              "delta": "delta of budget/depth sweeps, in [0, 1] (0.1)"},
     )
     p.add_argument("--split", default="test", help="split of the tasks (default test)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task")
@@ -101,9 +97,7 @@ def run(args: argparse.Namespace) -> int:
         progress,
         budget=args.budget,
         delta=args.delta,
-        backend=args.backend,
-        ffn=args.ffn_reuse,
-        attention=args.attention,
+        fold=method_config(args, "specfold").fold,  # its backend, FFN reuse and attention (δ is the sweep's)
         overwrite=args.overwrite,
         split=args.split,
         limit=args.limit,

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from specfold.api import Method, decode_config_for, encode_prompt, prepare_method
-from specfold.config import DecodeConfig
-from specfold.decoding.batch import decode_batch
-from specfold.decoding.decoder import GenerationResult, decode
+from specfold.config import DecodeConfig, MethodConfig
+from specfold.decoding.core import GenerationResult
+from specfold.decoding.decoder import decode, decode_batch
 from specfold.engine.base import fold_ratio
 from specfold.eval.provenance import check_resume, graph_hash, run_provenance, sample_hash
 from specfold.io import atomic_write_text, check_output_path
@@ -60,64 +60,12 @@ def load_task(task: str, split: str = "test", limit: int | None = None, data_dir
     return TaskSource(load_benchmark(task, data_dir, split=split, limit=limit), score_benchmark)
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """A method and its parameters as they appear in records (and in the resume key)."""
-
-    name: str
-    budget: int | None = None
-    depth: int | None = None
-    delta: float | None = None
-    graph: str | None = None
-    backend: str = "torch"
-    ffn: str = "residual"
-    attention: str = "auto"
-    lookahead: bool | None = None  # boundary drafts (spiffy, specfold): None = wherever the model allows them
-
-    @property
-    def params(self) -> dict[str, Any]:
-        if self.name == "vanilla":
-            return {}
-        out: dict[str, Any] = {"budget": self.budget, "depth": self.depth, "graph": self.graph}
-        if self.lookahead is not None:  # only when set: the default's records keep their keys
-            out["lookahead"] = self.lookahead
-        if self.name == "specfold":
-            out.update(delta=self.delta, backend=self.backend, ffn=self.ffn, attention=self.attention)
-        return out
-
-    @property
-    def label(self) -> str:
-        """Method name plus the parameters that distinguish it, e.g. ``specfold[delta=0.1]``."""
-        hidden = ("graph", "backend", "ffn", "attention")  # shown below only when not the default
-        shown = {k: v for k, v in self.params.items() if v is not None and k not in hidden}
-        if self.name == "specfold" and self.backend != "torch":
-            shown["backend"] = self.backend
-        if self.name == "specfold" and self.ffn != "residual":
-            shown["ffn"] = self.ffn
-        if self.name == "specfold" and self.attention != "auto":
-            shown["attention"] = self.attention
-        return self.name + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
-
-    def prepare(self, model: LoadedModel, cfg: DecodeConfig) -> Method:
-        kwargs: dict[str, Any] = {}
-        if self.name != "vanilla":
-            kwargs.update(graph=self.graph, budget=self.budget, depth=self.depth, lookahead=self.lookahead)
-        if self.name == "specfold":
-            kwargs.update(
-                delta=self.delta if self.delta is not None else 0.1,
-                backend=self.backend,
-                ffn=self.ffn,
-                attention=self.attention,
-            )
-        return prepare_method(model, self.name, cfg.small_block_size, block_size=cfg.block_size, **kwargs)
-
-
 def record_key(rec: dict[str, Any]) -> str:
     return json.dumps([rec["task"], rec["method"], rec.get("params", {}), rec["sample_id"]], sort_keys=True)
 
 
-def _key(task: str, spec: MethodSpec, sample: Any) -> str:
-    return record_key({"task": task, "method": spec.name, "params": spec.params, "sample_id": sample.sample_id})
+def _key(task: str, spec: MethodConfig, sample: Any) -> str:
+    return record_key({"task": task, "method": spec.method.value, "params": spec.params, "sample_id": sample.sample_id})
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -154,7 +102,7 @@ def repair_tail(path: Path) -> None:
 @dataclass
 class EvalPlan:
     tasks: Sequence[str]
-    methods: Sequence[MethodSpec]
+    methods: Sequence[MethodConfig]  # run side by side; records carry each one's label and params
     split: str = "test"
     limit: int | None = None
     data_dir: Path | None = None
@@ -194,7 +142,7 @@ def run_eval(
     if out is not None:
         check_output_path(out)
     cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size)
-    prepared = {spec: spec.prepare(model, cfg) for spec in plan.methods}
+    prepared = {spec: prepare_method(model, spec, cfg) for spec in plan.methods}
     sources = {task: load_task(task, plan.split, plan.limit, plan.data_dir) for task in plan.tasks}
     work = [
         (task, sample, spec)
@@ -273,7 +221,7 @@ def _decode_batched(
     for spec, method in prepared.items():
         keys, prompts = [], []
         for task, sample, s in work:
-            key = record_key({"task": task, "method": s.name, "params": s.params, "sample_id": sample.sample_id})
+            key = _key(task, s, sample)
             if s == spec and key not in done:
                 keys.append(key)
                 prompts.append(encode_prompt(model, sample.prompt, plan.chat))
@@ -287,7 +235,7 @@ def _decode_batched(
 
 
 def _run_one(
-    model, cfg, method: Method, spec: MethodSpec, task, sample, score, chat,
+    model, cfg, method: Method, spec: MethodConfig, task, sample, score, chat,
     batched: tuple[GenerationResult, float] | None = None,
 ) -> dict[str, Any]:
     ids = encode_prompt(model, sample.prompt, chat)
@@ -300,7 +248,7 @@ def _run_one(
     stats = result.engine_stats
     rec: dict[str, Any] = {
         "task": task,
-        "method": spec.name,
+        "method": spec.method.value,
         "label": spec.label,
         "params": spec.params,
         "sample_id": sample.sample_id,

@@ -10,7 +10,8 @@ itself never imports lm-eval. lm-eval's own CLI does not import third-party mode
 or from Python: ``lm_eval.simple_evaluate(model=SpecFoldLM(pretrained=DIR), tasks=["gsm8k"])``.
 
 Model args: ``pretrained`` (checkpoint dir / hub id; default the embedded model), ``method`` (vanilla, spiffy,
-specfold), ``delta``, ``budget``, ``depth``, ``graph``, ``backend``, ``ffn``, ``dtype``, ``device``,
+specfold; default specfold) and its options as :class:`~specfold.config.MethodConfig` names them (``delta``,
+``budget``, ``depth``, ``graph``, ``lookahead``, ``backend``, ``ffn``, ``attention``), ``dtype``, ``device``,
 ``max_new_tokens`` (default generation budget; a task's ``max_gen_toks`` overrides it), ``threshold``,
 ``block_size``, ``small_block_size``, ``chat`` (wrap each context as one user turn through the tokenizer's chat
 template, default true; skipped when lm-eval already applied the template with ``--apply_chat_template``).
@@ -33,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without lm-eval
     ) from exc
 
 from specfold.api import decode_config_for, encode_prompt, load_model, prepare_method
+from specfold.config import METHOD_OPTIONS, MethodConfig
 from specfold.decoding.decoder import decode
 
 LOGLIKELIHOOD_MESSAGE = (
@@ -50,6 +52,16 @@ def _flag(value: Any) -> bool:
 def _optional(value: Any) -> Any:
     """lm-eval passes model args as parsed strings; ``none``/empty mean unset."""
     return None if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")) else value
+
+
+def _method_config(method: str, options: dict[str, Any]) -> MethodConfig:
+    """The MethodConfig of lm-eval's model args (strings): ``delta`` a float, ``budget``/``depth`` integers,
+    ``lookahead`` a flag, the rest as given; ``none`` or empty = not given (an option given for a method it does not
+    apply to is refused). Other args are ignored (lm-eval's own, e.g. ``batch_size``: decoding is one sample at a
+    time)."""
+    parse = {"delta": float, "budget": int, "depth": int, "lookahead": _flag}
+    given = {k: _optional(options.get(k)) for k in METHOD_OPTIONS}
+    return MethodConfig(_optional(method), **{k: parse.get(k, str)(v) for k, v in given.items() if v is not None})
 
 
 def pick_device(device: str | None) -> str:
@@ -84,12 +96,6 @@ class SpecFoldLM(LM):
         self,
         pretrained: str | None = None,
         method: str = "specfold",
-        delta: float = 0.1,
-        budget: int | None = None,
-        depth: int | None = None,
-        graph: str | None = None,
-        backend: str = "torch",
-        ffn: str = "residual",
         dtype: str = "fp32",
         device: str | None = None,
         max_new_tokens: int = 256,
@@ -97,9 +103,10 @@ class SpecFoldLM(LM):
         block_size: int | None = None,
         small_block_size: int | str | None = "auto",
         chat: bool | str = True,
-        **unused: Any,  # lm-eval's batch_size, max_batch_size, …: decoding is one sample at a time
+        **options: Any,  # the method's options (MethodConfig fields), and lm-eval's batch_size, max_batch_size, …
     ) -> None:
         super().__init__()
+        self.method_config = _method_config(method, options)  # checked before the model loads
         self.model = load_model(_optional(pretrained), dtype=dtype, device=pick_device(_optional(device)))
         if self.model.tokenizer is None:
             raise ValueError(f"{self.model.path} has no tokenizer; lm-eval tasks need one")
@@ -108,18 +115,8 @@ class SpecFoldLM(LM):
             self.model, int(max_new_tokens), float(threshold), _optional(block_size),
             "auto" if sbs == "auto" else (int(sbs) if sbs is not None else None),
         )
-        self.method_name = method
-        drafts, folds = method != "vanilla", method == "specfold"  # the options each method uses (the rest unset)
-        self.method = prepare_method(
-            self.model, method, self.cfg.small_block_size,
-            _optional(graph),
-            _optional(budget) if drafts else None,
-            _optional(depth) if drafts else None,
-            float(delta) if folds else None,
-            backend if folds else None,
-            ffn if folds else None,
-            block_size=self.cfg.block_size,
-        )
+        self.method_name = self.method_config.method.value
+        self.method = prepare_method(self.model, self.method_config, self.cfg)
         self.chat = _flag(chat)
         self._templated_by_lm_eval = False
         # Totals over every generate_until call, for reports beside lm-eval's scores.

@@ -21,12 +21,14 @@ runs. :func:`check_sweep_kind` refuses to summarise records of one kind of sweep
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from specfold.eval.harness import EvalPlan, MethodSpec, Progress, run_eval, summarize
+from specfold.config import FoldConfig, MethodConfig, MethodName, check_delta
+from specfold.eval.harness import EvalPlan, Progress, run_eval, summarize
 from specfold.model.loading import LoadedModel
-from specfold.validation import ValidationError, check_delta
+from specfold.validation import ValidationError
 
 SWEEP_KINDS: tuple[str, ...] = ("delta", "budget", "depth")
 DEFAULT_GRIDS: dict[str, tuple[float | int, ...]] = {
@@ -69,14 +71,13 @@ def sweep_methods(
     grid: Iterable[float | int] | None = None,
     budget: int | None = None,
     delta: float | None = None,
-    backend: str = "torch",
-    ffn: str = "residual",
-    attention: str = "auto",
-) -> list[MethodSpec]:
+    fold: FoldConfig | None = None,
+) -> list[MethodConfig]:
     """The methods of a sweep: vanilla, the spiffy reference point(s), then specfold at every grid point.
 
     ``budget`` is B of the delta/depth sweeps (default 7), ``delta`` the δ of the budget/depth sweeps (0.1); a value
-    that the sweep itself varies is rejected."""
+    that the sweep itself varies is rejected. ``fold`` gives specfold's backend, FFN reuse and attention (its δ is
+    the sweep's)."""
     values = check_grid(kind, DEFAULT_GRIDS[kind] if grid is None else grid)
     if kind == "budget" and budget is not None:
         raise ValueError("a budget sweep varies B itself; do not also fix --budget")
@@ -84,25 +85,19 @@ def sweep_methods(
         raise ValueError("a delta sweep varies δ itself; do not also fix --delta")
     b = SWEEP_BUDGET if budget is None else budget
     d = SWEEP_DELTA if delta is None else delta
-    specs = [MethodSpec("vanilla")]
+    f = fold or FoldConfig()
+    spiffy = partial(MethodConfig, MethodName.SPIFFY)
+    specfold = partial(MethodConfig, MethodName.SPECFOLD, backend=f.backend, ffn=f.ffn, attention=f.attention)
+    specs = [MethodConfig(MethodName.VANILLA)]
     if kind == "delta":
-        specs.append(MethodSpec("spiffy", budget=b))
-        specs += [
-            MethodSpec("specfold", budget=b, delta=float(v), backend=backend, ffn=ffn, attention=attention)
-            for v in values
-        ]
+        specs.append(spiffy(budget=b))
+        specs += [specfold(budget=b, delta=float(v)) for v in values]
     elif kind == "budget":
         for v in values:
-            specs += [
-                MethodSpec("spiffy", budget=int(v)),
-                MethodSpec("specfold", budget=int(v), delta=d, backend=backend, ffn=ffn, attention=attention),
-            ]
+            specs += [spiffy(budget=int(v)), specfold(budget=int(v), delta=d)]
     else:
         for v in values:
-            specs += [
-                MethodSpec("spiffy", budget=b, depth=int(v)),
-                MethodSpec("specfold", budget=b, depth=int(v), delta=d, backend=backend, ffn=ffn, attention=attention),
-            ]
+            specs += [spiffy(budget=b, depth=int(v)), specfold(budget=b, depth=int(v), delta=d)]
     return specs
 
 
@@ -116,17 +111,16 @@ def run_sweep(
     *,
     budget: int | None = None,
     delta: float | None = None,
-    backend: str = "torch",
-    ffn: str = "residual",
-    attention: str = "auto",
+    fold: FoldConfig | None = None,
     overwrite: bool = False,
     **plan_options: Any,
 ) -> list[dict[str, Any]]:
     """Run (or resume) one sweep and return all its records (old and new); ``overwrite`` starts ``out`` afresh.
+    ``budget``, ``delta`` and ``fold`` are as for :func:`sweep_methods`.
 
     ``plan_options`` are the other :class:`EvalPlan` fields (``limit``, ``split``, ``max_new_tokens``, ``threshold``,
     ``block_size``, ``small_block_size``, ``num_shards``, ``shard_id``, ``chat``, ``data_dir``)."""
-    specs = sweep_methods(kind, grid, budget, delta, backend, ffn, attention)
+    specs = sweep_methods(kind, grid, budget, delta, fold)
     fixed = {"kind": kind, "budget": None, "delta": None}
     if kind != "budget":
         fixed["budget"] = SWEEP_BUDGET if budget is None else budget

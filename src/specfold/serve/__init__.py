@@ -2,7 +2,7 @@
 
     from specfold.api import load_model
     from specfold.serve import ServerConfig, serve
-    serve(load_model(None), ServerConfig(port=8000, method="specfold", delta=0.1))
+    serve(load_model(None), ServerConfig(port=8000, method="specfold", options=MethodConfig("specfold", delta=0.1)))
 
 :mod:`~specfold.serve.app` is the HTTP layer, :mod:`~specfold.serve.engine` the worker thread that owns the model,
 :mod:`~specfold.serve.schemas` the request bodies, :mod:`~specfold.serve.text` the streamed text.
@@ -10,14 +10,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
+from specfold.config import MethodConfig, MethodName
 from specfold.model.loading import LoadedModel
 
-__all__ = ["ServerConfig", "build_app", "serve"]
-
-DEFAULT_DELTA = 0.1  # specfold's δ when neither the server nor the request gives one
+__all__ = ["ServerConfig", "build_app", "engine_settings", "serve"]
 
 
 @dataclass(frozen=True)
@@ -25,42 +23,46 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None  # the id clients name (default: the checkpoint directory's name)
-    method: str = "vanilla"  # the default method; a request may ask for another
-    delta: float | None = DEFAULT_DELTA  # specfold's default δ (None: DEFAULT_DELTA)
+    method: MethodName = MethodName.VANILLA  # the default method; a request may ask for another
+    # The speculation options (graph, budget, depth, delta, backend, ffn, attention); every method, the default and
+    # those requests ask for, takes the ones that apply to it. delta: the δ of a specfold request that gives none.
+    options: MethodConfig = field(default_factory=lambda: MethodConfig(MethodName.SPECFOLD))
     max_batch: int = 8  # requests decoded together
     max_queue: int = 64  # requests waiting beyond them; more get 429
     max_tokens: int = 256  # a request's default max_tokens
     threshold: float = 0.9
     block_size: int | None = None
     small_block_size: int | None | str = "auto"
-    graph: str | Path | None = None
-    budget: int | None = None
-    depth: int | None = None
-    backend: str = "torch"
-    ffn: str = "residual"
-    attention: str = "auto"
     log_level: str = "info"
+
+
+def engine_settings(model: LoadedModel, config: ServerConfig):
+    """The engine's settings for ``config``: the decoding parameters, and the method options with the draft graph
+    resolved once (every method shares it; None when the model has none and the server decodes vanilla only) and
+    specfold's δ explicit, so that each request's MethodConfig names it."""
+    from specfold.api import decode_config_for, resolve_graph
+    from specfold.serve.engine import EngineSettings
+
+    cfg = decode_config_for(model, config.max_tokens, config.threshold, config.block_size, config.small_block_size)
+    method = MethodName(config.method)
+    options = config.options.for_method(MethodName.SPECFOLD)
+    try:
+        graph = resolve_graph(model, options.graph, options.budget, options.depth)
+    except ValueError:
+        if method is not MethodName.VANILLA or options.graph is not None:
+            raise
+        graph = None
+    options = replace(options, graph=graph, budget=None, depth=None, delta=options.fold.delta)
+    return EngineSettings(cfg, options, method, config.max_batch, config.max_queue)
 
 
 def build_app(model: LoadedModel, config: ServerConfig):
     """The FastAPI app serving ``model`` (its worker thread starts with the app's lifespan)."""
-    from specfold.api import decode_config_for, resolve_graph
     from specfold.serve.app import AppSettings, create_app
-    from specfold.serve.engine import EngineSettings, MethodKey, MethodOptions, ServeEngine
+    from specfold.serve.engine import ServeEngine
 
-    cfg = decode_config_for(model, config.max_tokens, config.threshold, config.block_size, config.small_block_size)
-    try:
-        graph = resolve_graph(model, config.graph, config.budget, config.depth)
-    except ValueError:
-        if config.method != "vanilla" or config.graph is not None:
-            raise
-        graph = None  # no draft graph: the server decodes vanilla only
-    options = MethodOptions(graph, config.backend, config.ffn, config.attention)
-    delta = DEFAULT_DELTA if config.delta is None else config.delta  # the CLI passes None when --delta is not given
-    default = MethodKey(config.method, delta if config.method == "specfold" else None)
-    engine = ServeEngine(model, EngineSettings(cfg, default, options, config.max_batch, config.max_queue))
-    name = config.model_name or model.path.name
-    return create_app(model, engine, AppSettings(name, config.max_tokens, delta))
+    engine = ServeEngine(model, engine_settings(model, config))
+    return create_app(model, engine, AppSettings(config.model_name or model.path.name, config.max_tokens))
 
 
 def serve(model: LoadedModel, config: ServerConfig) -> None:

@@ -24,10 +24,11 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
-from specfold.decoding.decoder import GenerationResult, check_prompt
+from specfold.config import MethodConfig, MethodName
+from specfold.decoding.core import GenerationResult, check_prompt
 from specfold.engine.base import fold_ratio
 from specfold.model.loading import LoadedModel
-from specfold.serve.engine import Job, JobUpdate, MethodKey, QueueFull, ServeEngine
+from specfold.serve.engine import Job, JobUpdate, QueueFull, ServeEngine
 from specfold.serve.schemas import ChatCompletionRequest, CompletionRequest
 from specfold.serve.text import TextStream
 
@@ -36,7 +37,6 @@ from specfold.serve.text import TextStream
 class AppSettings:
     model_name: str  # the id /v1/models lists and requests name
     default_max_tokens: int = 256
-    default_delta: float = 0.1  # δ of a request asking for specfold without one
 
 
 class APIError(Exception):
@@ -105,16 +105,17 @@ class _Run:
 
     def extension(self) -> dict:
         """specfold's fields: the tokens and what decoding them cost (None where a stop string ended it early)."""
-        r, key = self.result, self.job.key
+        r, method = self.result, self.job.method
+        specfold = method.method is MethodName.SPECFOLD
         return {
-            "method": key.name,
-            "delta": key.delta,
+            "method": method.method.value,
+            "delta": method.delta if specfold else None,
             "token_ids": list(self.text.ids),
             "nfe": r.nfe if r else None,
             "nfe_denoise": r.nfe_denoise if r else None,
             "nfe_cache": r.nfe_cache if r else None,
             "accepted_drafts": r.accepted_drafts if r else None,
-            "fold_ratio": fold_ratio(r.engine_stats) if r and key.name == "specfold" else None,
+            "fold_ratio": fold_ratio(r.engine_stats) if r and specfold else None,
             "decode_seconds": r.seconds if r else None,
         }
 
@@ -160,20 +161,13 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
         err = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
         return JSONResponse(err.body(), status_code=500)
 
-    def method_key(body) -> MethodKey:
-        default = engine.settings.default
-        if body.method is None and body.delta is None:
-            return default
-        name = body.method or default.name
-        delta = body.delta
-        if name == "specfold" and delta is None:
-            delta = default.delta if default.name == "specfold" else settings.default_delta
-        key = MethodKey(name, delta)
+    def request_method(body) -> MethodConfig:
         try:
-            engine.check_method(key)
+            method = engine.method_for(body.method, body.delta)
+            engine.check_method(method)
         except ValueError as exc:
             raise APIError(400, str(exc), param="delta" if str(exc).startswith("delta") else "method") from None
-        return key
+        return method
 
     async def start(request: Request, body, prompt_ids: list[int], max_tokens: int | None, chat: bool):
         if body.model is not None and body.model != settings.model_name:
@@ -181,7 +175,7 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
                 404, f"the model {body.model!r} does not exist; this server serves {settings.model_name!r}",
                 param="model", code="model_not_found",
             )
-        key = method_key(body)
+        method = request_method(body)
         cfg = replace(engine.settings.cfg, max_new_tokens=max_tokens or settings.default_max_tokens)
         try:
             check_prompt(model, prompt_ids, cfg)
@@ -197,7 +191,7 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-        job = Job(list(prompt_ids), cfg.max_new_tokens, key, sink)
+        job = Job(list(prompt_ids), cfg.max_new_tokens, method, sink)
         try:
             engine.submit(job)
         except QueueFull as exc:

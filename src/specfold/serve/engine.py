@@ -5,8 +5,9 @@ Requests reach it through :meth:`ServeEngine.submit` (a bounded count of outstan
 token ids; once, the final result or an error). The HTTP layer turns a sink call into an event on the request's
 asyncio queue. :meth:`ServeEngine.cancel` frees a request's slot (a disconnected client, a stop string).
 
-One :class:`~specfold.decoding.batch.BatchDecoder` per (method, δ): the server's default one lives as long as the
-server; one for another method or δ is built when a request asks for it and dropped once it has no requests.
+One :class:`~specfold.decoding.core.Decoder` per :class:`~specfold.config.MethodConfig` (a method and, for
+specfold, its δ): the server's default one lives as long as the server; one for another method or δ is built when a
+request asks for it and dropped once it has no requests.
 """
 
 from __future__ import annotations
@@ -16,41 +17,19 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specfold.api import METHODS, prepare_method
-from specfold.config import DecodeConfig
-from specfold.decoding.batch import BatchDecoder, BatchEvent, BatchRequest
-from specfold.decoding.decoder import GenerationResult
-from specfold.decoding.draft_graph import DraftGraph
+from specfold.api import prepare_method
+from specfold.config import DecodeConfig, MethodConfig, MethodName
+from specfold.decoding.core import BatchEvent, BatchRequest, Decoder, GenerationResult
 from specfold.model.loading import LoadedModel
 
 log = logging.getLogger("specfold.serve")
 
-MAX_DELTA = 1.0  # δ is a relative-residual tolerance; the paper sweeps 0.01-0.7
-
 
 class QueueFull(RuntimeError):
     """Too many outstanding requests."""
-
-
-@dataclass(frozen=True)
-class MethodKey:
-    """What decodes a request: the method and, for specfold, its δ."""
-
-    name: str
-    delta: float | None = None
-
-
-@dataclass(frozen=True)
-class MethodOptions:
-    """How the drafting methods are built (shared by every δ)."""
-
-    graph: DraftGraph | None = None  # None: the model has no draft graph, so spiffy/specfold are unavailable
-    backend: str = "torch"
-    ffn: str = "residual"
-    attention: str = "auto"
 
 
 @dataclass
@@ -64,7 +43,7 @@ class JobUpdate:
 class Job:
     prompt_ids: list[int]
     max_new_tokens: int
-    key: MethodKey
+    method: MethodConfig  # from ServeEngine.method_for
     sink: Callable[[JobUpdate], None]  # called from the worker thread
     job_id: int = -1  # set by submit
 
@@ -81,14 +60,16 @@ class EngineStats:
 @dataclass
 class _Live:
     job: Job
-    decoder_key: MethodKey
+    decoder_key: MethodConfig
 
 
 @dataclass
 class EngineSettings:
     cfg: DecodeConfig  # max_new_tokens is overridden per request
-    default: MethodKey
-    options: MethodOptions = field(default_factory=MethodOptions)
+    # The options every method takes those of that apply to it: a resolved graph (a DraftGraph; None: the model has
+    # none, so spiffy and specfold are unavailable) and the fold settings, δ being that of a request giving none.
+    options: MethodConfig = field(default_factory=lambda: MethodConfig(MethodName.SPECFOLD))
+    default_method: MethodName = MethodName.VANILLA  # the method of a request that names none
     max_batch: int = 8
     max_queue: int = 64  # requests waiting beyond the max_batch decoding ones
 
@@ -100,18 +81,19 @@ class ServeEngine:
         if settings.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {settings.max_queue}")
         self.model, self.settings = model, settings
-        self.check_method(settings.default)
+        self.default = self.method_for(settings.default_method)
+        self.check_method(self.default)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._outstanding = 0
         self._cancel_requested: set[int] = set()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._decoders: dict[MethodKey, Any] = {}
+        self._decoders: dict[MethodConfig, Any] = {}
         self._live: dict[int, _Live] = {}
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._decoders[settings.default] = self._new_decoder(settings.default)  # fail at start-up, not per request
+        self._decoders[self.default] = self._new_decoder(self.default)  # fail at start-up, not per request
 
     @property
     def capacity(self) -> int:
@@ -119,20 +101,21 @@ class ServeEngine:
 
     # -- called from any thread ----------------------------------------------------------------------------------
 
-    def check_method(self, key: MethodKey) -> None:
-        """ValueError naming what is wrong with a (method, δ)."""
-        if key.name not in METHODS:
-            raise ValueError(f"unknown method {key.name!r}; choose one of {', '.join(METHODS)}")
-        if key.name != "specfold" and key.delta is not None:
-            raise ValueError(f"delta applies to method specfold, not {key.name}")
-        if key.name == "specfold" and (key.delta is None or not 0.0 <= key.delta <= MAX_DELTA):
-            raise ValueError(f"delta must be in [0, {MAX_DELTA:g}], got {key.delta}")
-        if key.name != "vanilla" and self.settings.options.graph is None:
-            raise ValueError(f"method {key.name} needs a draft graph and this model has none (pass --graph)")
+    def method_for(self, name: str | None = None, delta: float | None = None) -> MethodConfig:
+        """The method of a request naming ``name`` (None: the server's default) and ``delta`` (None: the server's),
+        with the server's options that apply to it; ValueError naming what is wrong (an unknown method, δ out of
+        range, δ for a method other than specfold)."""
+        method = self.settings.options.for_method(self.settings.default_method if name is None else name)
+        return method if delta is None else replace(method, delta=delta)
+
+    def check_method(self, method: MethodConfig) -> None:
+        """ValueError when this server cannot decode ``method`` (a drafting method without a draft graph)."""
+        if method.drafts and method.graph is None:
+            raise ValueError(f"method {method.method} needs a draft graph and this model has none (pass --graph)")
 
     def submit(self, job: Job) -> int:
         """Queue a request; its id. QueueFull when ``max_batch + max_queue`` requests are outstanding."""
-        self.check_method(job.key)
+        self.check_method(job.method)
         with self._lock:
             if self._stopping.is_set():
                 raise QueueFull("the server is shutting down")
@@ -180,18 +163,9 @@ class ServeEngine:
         with self._lock:
             return job_id in self._cancel_requested
 
-    def _new_decoder(self, key: MethodKey):
+    def _new_decoder(self, method: MethodConfig) -> Decoder:
         s = self.settings
-        if key.name == "vanilla":
-            method = prepare_method(self.model, "vanilla")
-        else:
-            o = s.options
-            folded = dict(delta=key.delta, backend=o.backend, ffn=o.ffn, attention=o.attention)
-            method = prepare_method(
-                self.model, key.name, s.cfg.small_block_size, graph=o.graph,
-                **(folded if key.name == "specfold" else {}),
-            )
-        return BatchDecoder(self.model, s.cfg, method, s.max_batch)
+        return Decoder(self.model, s.cfg, prepare_method(self.model, method, s.cfg), s.max_batch)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -214,12 +188,12 @@ class ServeEngine:
                 try:
                     events = decoder.step()
                 except Exception as exc:  # a decoding bug must not take the server down: fail its requests
-                    log.exception("decoding step failed (%s)", key)
+                    log.exception("decoding step failed (%s)", key.label)
                     self._fail_decoder(key, f"decoding failed: {type(exc).__name__}: {exc}")
                     continue
                 for event in events:
                     self._deliver(event)
-            for key in [k for k, d in self._decoders.items() if d.idle and k != self.settings.default]:
+            for key in [k for k, d in self._decoders.items() if d.idle and k != self.default]:
                 del self._decoders[key]
 
     def _apply(self, command: tuple[str, Any]) -> None:
@@ -230,12 +204,14 @@ class ServeEngine:
                 self._end(job.job_id, None, "cancelled", job)
                 return
             try:
-                decoder = self._decoders.get(job.key) or self._decoders.setdefault(job.key, self._new_decoder(job.key))
+                decoder = self._decoders.get(job.method) or self._decoders.setdefault(
+                    job.method, self._new_decoder(job.method)
+                )
                 decoder.submit(BatchRequest(job.job_id, list(job.prompt_ids), job.max_new_tokens))
             except Exception as exc:  # bad input the HTTP layer did not catch, or a method that cannot be built
                 self._end(job.job_id, JobUpdate([], error=str(exc)), "failed", job)
                 return
-            self._live[job.job_id] = _Live(job, job.key)
+            self._live[job.job_id] = _Live(job, job.method)
         elif kind == "cancel":
             live = self._live.get(payload)
             with self._lock:
@@ -254,11 +230,11 @@ class ServeEngine:
         else:
             self._end(event.request_id, update, "finished")
 
-    def _fail_decoder(self, key: MethodKey, message: str) -> None:
+    def _fail_decoder(self, key: MethodConfig, message: str) -> None:
         for job_id in [i for i, live in self._live.items() if live.decoder_key == key]:
             self._end(job_id, JobUpdate([], error=message), "failed")
         del self._decoders[key]
-        if key == self.settings.default:
+        if key == self.default:
             self._decoders[key] = self._new_decoder(key)
 
     def _end(self, job_id: int, update: JobUpdate | None, outcome: str, job: Job | None = None) -> None:
