@@ -47,8 +47,9 @@ import torch
 
 from specfold.bench.layer import SHAPES, bench_layer, default_parents, make_layer
 from specfold.config import RopeConfig
-from specfold.engine.folded import folded_layer, gate_and_compact
+from specfold.engine.folded_layer import folded_layer
 from specfold.engine.layer_types import FoldConfig, LayerContext
+from specfold.engine.plan import gate_and_compact
 from specfold.engine.triton_backend import folded_layer_triton, plan_layer
 from specfold.model.rope import Rotary
 

@@ -11,7 +11,7 @@ small block with random tokens (a binary draft tree, as :func:`~specfold.bench.l
 decides at ``δ`` as in decoding, so the fold ratio is what this model gives, reported beside the times. Dense
 (:class:`~specfold.engine.dense.DenseVerifier`) and folded (:class:`~specfold.engine.folded.FoldedVerifier`, default
 settings) passes are timed interleaved after a warm-up (medians); then one folded pass runs under the profiler,
-whose ``specfold::<part>`` ranges (:data:`~specfold.engine.folded.PARTS`) give the breakdown, and one under
+whose ``specfold::<part>`` ranges (:data:`~specfold.engine.profiling.PARTS`) give the breakdown, and one under
 :class:`~specfold.bench.ops.OpCounter` for the framework ops and host syncs per layer.
 """
 
@@ -26,7 +26,8 @@ from specfold.bench.ops import count_ops
 from specfold.bench.timing import interleaved, timed_call
 from specfold.engine.base import fold_ratio
 from specfold.engine.dense import DenseVerifier
-from specfold.engine.folded import PARTS, FoldedVerifier
+from specfold.engine.folded import FoldedVerifier
+from specfold.engine.profiling import PARTS
 from specfold.model.random_checkpoint import random_model
 
 

@@ -9,7 +9,7 @@ changes from one pass to the next lives in static device buffers that each repla
 the RoPE tables of the block positions and the prefix length (``prefix_len``, a device scalar: the attention
 kernel reads the first ``P`` keys of a ``B``-key view of the cache). The captured graph reads the cache's storage
 directly, so a cache that grows (new storage) drops the graphs of the old one. After the replay the statistics are
-read once (:func:`~specfold.engine.folded.fold_stats`) — the pass's one host sync — and the logits copied out.
+read once (:func:`~specfold.engine.stats.fold_stats`) — the pass's one host sync — and the logits copied out.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from specfold.engine.base import VerifyResult
-from specfold.engine.folded import FoldedVerifier, _safe_parents, fold_stats
+from specfold.engine.folded import FoldedVerifier
+from specfold.engine.gate import safe_parents
 from specfold.engine.layer_types import LayerCounts
+from specfold.engine.stats import fold_stats
 from specfold.engine.triton_backend import GraphContext
 from specfold.model.cache import PrefixCache
 
@@ -82,7 +84,7 @@ class GraphedVerifier:
             cap = self._graphs[key] = self._capture(cache, states, parents, key[2])
         self._load(cap, cache, states, parents)
         cap.graph.replay()
-        return VerifyResult(cap.logits.clone(), fold_stats(cap.counts, cap.parents, n))
+        return VerifyResult(cap.logits.clone(), fold_stats(cap.counts, cap.parents, n).to_dict())
 
     def _load(self, cap: _Captured, cache: PrefixCache, states: torch.Tensor, parents: torch.Tensor) -> None:
         cos, sin, qscale = self.folded.net.rope_tables(cache.length, states.shape[1])
@@ -107,7 +109,7 @@ class GraphedVerifier:
 
         def body():
             ctx = GraphContext(cos=static["cos"], sin=static["sin"], qscale=static["qscale"], scale=net.scale,
-                               parents=_safe_parents(static["parents"]), prefix_len=static["prefix_len"])
+                               parents=safe_parents(static["parents"]), prefix_len=static["prefix_len"])
             logits, counts, _ = self.folded.forward(static["states"], ctx, prefixes)
             return logits, counts
 

@@ -134,3 +134,18 @@ def branch_depths(parents: list[int]) -> list[int]:
     for i in range(1, len(parents)):
         depth[i] = depth[parents[i]] + 1
     return depth
+
+
+def check_parents(parents: list[int]) -> None:
+    """Refuse a branch graph that is not ``[-1, p1, p2, ...]`` with ``0 <= p_k < k`` (host lists)."""
+    if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
+        raise ValueError(f"parents must be -1 for row 0 and in [0, k) for row k; got {parents}")
+
+
+def safe_parents(par: torch.Tensor) -> torch.Tensor:  # [..., K] long on the model's device, local per request
+    """``par`` with every invalid entry replaced by a safe one (-1 for row 0, 0 for the others), without a host
+    read: no kernel reads out of bounds, and :func:`~specfold.engine.stats.fold_stats` raises once it reads the
+    original ``par``."""
+    idx = torch.arange(par.shape[-1], device=par.device)
+    ok = torch.where(idx == 0, par == -1, (par >= 0) & (par < idx))
+    return torch.where(ok, par, torch.where(idx == 0, -1, 0))

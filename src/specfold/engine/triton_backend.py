@@ -20,7 +20,7 @@ Per layer (kernels in :mod:`specfold.engine.kernels`):
    recomputed rows into the FFN table and folded rows gather their source's row.
 
 The layer's :class:`LayerCounts` are device tensors; the pass reads them once, after the LM head
-(:func:`specfold.engine.folded.fold_stats`). The compaction order varies from run to run (atomics), so nothing
+(:func:`specfold.engine.stats.fold_stats`). The compaction order varies from run to run (atomics), so nothing
 here depends on it: rows are addressed by slot (``table``) or by flat (branch, position). Embedding and LM head
 stay in torch (:class:`~specfold.engine.folded.FoldedVerifier`); :mod:`specfold.engine.cuda_graphs` captures the whole
 pass in a CUDA graph, passing the prefix length as a device tensor (:class:`GraphContext`).
@@ -103,7 +103,7 @@ def folded_layer_triton(
     trace: bool = False,
     cost: LayerCost | None = None,
 ) -> tuple[torch.Tensor, LayerCounts, LayerTrace | None]:
-    """:func:`specfold.engine.folded.folded_layer` on the kernels; same arguments and results, no host sync (every
+    """:func:`specfold.engine.folded_layer.folded_layer` on the kernels; same arguments and results, no host sync (every
     launch is sized by ``K·N``; live counts stay on the device). Always folds with Eq. 8 (the cost rule's dense
     fallback and direct attention are the torch engine's; ``cost`` is unused)."""
     k, n = plan.recompute.shape
