@@ -348,14 +348,10 @@ def run_eval(args: argparse.Namespace, n: int, out: Path) -> tuple[dict[str, dic
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between the nearest ranks (numpy's default)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """:func:`specfold.bench.timing.percentile` (linear interpolation), None without values."""
+    from specfold.bench.timing import percentile as interpolated
+
+    return interpolated(values, q) if values else None
 
 
 def load_prompts(args: argparse.Namespace, n: int) -> list[Prompt]:

@@ -52,3 +52,13 @@ def test_timed_returns_the_result_and_the_seconds(monkeypatch):
 def test_interleaved_needs_a_repeat():
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         timing.interleaved({"a": lambda: None}, repeats=0)
+
+
+def test_percentile_interpolates_between_ranks_as_numpy():
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert timing.percentile(xs, 0) == 1.0 and timing.percentile(xs, 100) == 4.0
+    assert timing.percentile(xs, 50) == 2.5  # the median
+    assert timing.percentile(xs, 95) == pytest.approx(3.85)  # 3 + 0.85 · (4 − 3); numpy.percentile agrees
+    assert timing.percentile([7.0], 95) == 7.0
+    with pytest.raises(ValueError, match="no values"):
+        timing.percentile([], 50)

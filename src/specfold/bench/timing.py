@@ -6,7 +6,8 @@ The rules (STYLE habit 5), kept in one place so that every figure in ``docs/resu
 * warm-up calls first (first calls, lazily built kernels and a CPU GEMM library's per-shape setup stay out);
 * on CUDA the clock starts and stops with the device idle (kernels are asynchronous);
 * the candidates of one comparison run interleaved (A B C A B C …), so background load hits them alike;
-* a figure is the median over repeats, reported with its spread (max − min).
+* a figure is the median over repeats, reported with its spread (max − min); latencies as percentiles
+  (:func:`percentile`, linear interpolation).
 
     times = interleaved({"dense": run_dense, "folded": run_folded}, repeats=5, device="cuda")
     times["folded"].median / times["dense"].median
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -51,6 +52,20 @@ class Timing:
     def spread(self) -> float:
         """max − min over the repeats."""
         return self.high - self.low
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0 ≤ q ≤ 100) of ``values``: linear interpolation between the nearest ranks, as
+    numpy's default."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def synchronize(device: str | torch.device) -> None:
