@@ -171,7 +171,7 @@ def test_init_random_writes_the_seeded_checkpoint(capsys, tmp_path):
     assert "RANDOM-WEIGHT nld checkpoint" in out and "mask id 63, stop id 62" in out
     model = load_model(tmp_path / "r")
     cfg = model.config
-    assert (cfg.family.value, cfg.vocab_size, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers,
+    assert (cfg.family, cfg.vocab_size, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers,
             cfg.intermediate_size) == ("nld", 64, 32, 4, 2, 1, 48)
     assert (model.mask_id, model.stop_id) == (63, 62)
     want = load_file(write_random_checkpoint(tmp_path / "w", "nld", seed=5, mask_token_id=63, eos_token_id=62,
