@@ -2,8 +2,9 @@
 
 * Every ``$ specfold generate`` of a ``console`` block in the README is run and prints exactly the output shown
   beneath it, and every ``# ->`` comment of a ``python`` block is a line the block prints.
-* Every other ``specfold ...`` command in a code block of the README or ``docs/*.md`` is accepted by the CLI's own
-  parser (flags, subcommands and choices exist); those that would need weights this machine lacks name a ``--model``.
+* Every other ``specfold ...`` command in a code block of the README or ``docs/*.md``, and every one of
+  ``scripts/reproduce_embedded.sh``, is accepted by the CLI's own parser (flags, subcommands and choices exist); the
+  README's that would need weights this machine lacks name a ``--model``.
 * The scripts, make targets and docs files they name exist, and the README stays short (≤ 250 lines, issue 35).
 """
 
@@ -55,6 +56,23 @@ def shown_commands() -> list[tuple[str, str]]:
     return out
 
 
+def reproduce_commands() -> list[tuple[str, str]]:
+    """``("reproduce_embedded.sh", command)`` of every ``$S ...`` (specfold) line of the script that rebuilds the
+    shipped model and its figures, with its shell variables filled in and redirections dropped."""
+    script = (ROOT / "scripts" / "reproduce_embedded.sh").read_text().replace("\\\n", " ")
+    fill = {"$TASKS": "synth-math,synth-code,synth-if", "$kind": "delta", '"$ASSET"': "assets", '"$RUN"': "runs/x",
+            "$ASSET": "assets", "$RUN": "runs/x"}
+    out = []
+    for line in script.splitlines():
+        if "$S " not in line:
+            continue
+        line = line[line.index("$S ") + 3:].split(" || ")[0].split(" > ")[0]
+        for var, value in fill.items():
+            line = line.replace(var, value)
+        out.append(("reproduce_embedded.sh", "specfold " + line.strip()))
+    return out
+
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -84,7 +102,7 @@ def test_readme_python_example_prints_its_answers():
         assert all(e in lines for e in expected), (expected, lines)
 
 
-@pytest.mark.parametrize(("where", "command"), shown_commands(), ids=lambda v: v[:60])
+@pytest.mark.parametrize(("where", "command"), shown_commands() + reproduce_commands(), ids=lambda v: v[:60])
 def test_every_shown_command_parses(where, command):
     words = shlex.split(command.replace("$M", "some/model"), comments=True)
     try:
