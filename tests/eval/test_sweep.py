@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specfold.api import decode_config_for, load_model
+from specfold.api import decode_config_for, load_model, prepare_method
 from specfold.cli import main
 from specfold.eval.harness import read_records, record_key
 from specfold.eval.sweep import DEFAULT_GRIDS, run_sweep, sweep_methods, sweep_summary
@@ -18,20 +18,20 @@ TINY = {"limit": 1, "max_new_tokens": 8, "block_size": 8, "threshold": 1.0}  # o
 
 def test_methods_of_each_sweep_cover_the_paper_grids():
     delta = sweep_methods("delta")
-    assert [m.name for m in delta[:2]] == ["vanilla", "spiffy"] and delta[1].budget == 7
+    assert [m.method for m in delta[:2]] == ["vanilla", "spiffy"] and delta[1].budget == 7
     assert [m.delta for m in delta[2:]] == list(DEFAULT_GRIDS["delta"])
-    assert all(m.name == "specfold" and m.budget == 7 for m in delta[2:])
+    assert all(m.method == "specfold" and m.budget == 7 for m in delta[2:])
 
     budget = sweep_methods("budget")
-    assert budget[0].name == "vanilla"
-    assert [(m.name, m.budget) for m in budget[1:]] == [(n, b) for b in range(2, 9) for n in ("spiffy", "specfold")]
-    assert all(m.delta == 0.1 for m in budget if m.name == "specfold")
+    assert budget[0].method == "vanilla"
+    assert [(m.method, m.budget) for m in budget[1:]] == [(n, b) for b in range(2, 9) for n in ("spiffy", "specfold")]
+    assert all(m.delta == 0.1 for m in budget if m.method == "specfold")
 
     depth = sweep_methods("depth", delta=0.2)
-    assert [(m.name, m.depth) for m in depth[1:]] == [(n, d) for d in range(1, 5) for n in ("spiffy", "specfold")]
-    assert all(m.budget == 7 for m in depth[1:]) and all(m.delta == 0.2 for m in depth if m.name == "specfold")
+    assert [(m.method, m.depth) for m in depth[1:]] == [(n, d) for d in range(1, 5) for n in ("spiffy", "specfold")]
+    assert all(m.budget == 7 for m in depth[1:]) and all(m.delta == 0.2 for m in depth if m.method == "specfold")
     for specs in (delta, budget, depth):  # every grid point has its own resume keys
-        assert len({(m.name, repr(m.params)) for m in specs}) == len(specs)
+        assert len({(m.method, repr(m.params)) for m in specs}) == len(specs)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_budget_sweep_selects_a_graph_per_budget_and_resumes(text_ckpt: Path, tm
     model = load_model(text_ckpt)
     cfg = decode_config_for(model, 8, block_size=8)
     specs = sweep_methods("budget", [2, 3])
-    assert [s.prepare(model, cfg).graph.budget for s in specs if s.name != "vanilla"] == [2, 2, 3, 3]
+    assert [prepare_method(model, s, cfg).graph.budget for s in specs if s.drafts] == [2, 2, 3, 3]
 
     out = tmp_path / "budget.jsonl"
     records = run_sweep(model, "budget", ["synth-math"], [2, 3], out, **TINY)
