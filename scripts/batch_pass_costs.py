@@ -1,44 +1,25 @@
-"""What one batched pass costs, for the README's "Batched decoding" section.
+"""What one batched pass costs: the measurements behind docs/results.md's "Batched decoding" figures.
 
-1. A dense forward of R requests' blocks (one branch each; ``forward_ragged``), R = 1 and R = --batch: the bound on
-   vanilla's batch gain (R times the rows for how much more time). Beside it, the forward's GEMMs alone (every
-   layer's Q/K/V, output, gate/up and down projections and the LM head, timed on their own at the pass's row
-   count): ``ideal_gain`` = R · GEMMs(1) / GEMMs(R) is the gain with every other op free, ``amortised_gain`` =
-   R · forward(1) / GEMMs(R) the gain if R = 1 kept all its other costs and R = --batch paid none,
-   ``forward_gain`` the measured R · forward(1) / forward(R). ``other_ms`` is the forward's time outside the GEMMs;
-   ``other_growth`` how much it grows from R = 1 to R = --batch, ``other_growth_for_3x`` the most it may grow for a
-   3× gain with the GEMMs as measured (below 1: 3× is out of reach even if the other ops cost nothing more).
-2. The drafting passes of a spiffy batch decode at R = --batch, recorded as they happen and each re-timed (after a
-   warm-up call) with the dense verifier and with the folded verifier in three settings: the default cost rule
-   (``auto``), and folding wherever the gate says with attention ``direct`` or ``correct`` (Eq. 8).
-3. ``free_branch_bound``: a clean spiffy batch decode at R = --batch (wall time, and the time of its drafting passes
-   as they ran); then each drafting pass re-timed, interleaved, dense and as the forward of its main rows alone (one
-   block per request: what the pass would cost if every draft row were free). ``bound`` = wall / (wall − drafting
-   time · main-only / dense) is the most any verifier that drafts what spiffy drafts (specfold included, whatever
-   it folds) can gain over spiffy at R = --batch: prefill, the cache-writing forwards and the passes without drafts
-   stay as they are. ``bound_at_fold``: the same with the draft rows charged only for the share of their work that
-   folding at δ = 0.1 leaves to compute on those passes (attention-part and FFN rows weighted by their MACs) and no
-   folding overhead at all; beside them specfold's own decode of the queue (``specfold_vs_spiffy``, measured).
-4. ``any_policy_bound``: part 3's bound for a verifier free to draft with any cost-aware policy of the shipped
-   graph (:func:`~specfold.decoding.calibration.select_policy` at each draft cost in ``DRAFT_COSTS``, replayed on
-   the shipped calibration paths). A request's pass is charged part 3's measured time per main row plus, per draft
-   row, the measured dense time per draft row times the share folding leaves: ``zero_overhead`` (part 3's
-   ``branch_work_kept_at_delta_0.1``) or ``measured`` (what part 2's ``auto`` pass costs over its main rows, as a
-   share of the dense pass's). The best policy's verify time relative to spiffy's shipped policy
-   (``verify_vs_spiffy``, a model from the replayed paths) scales spiffy's measured verify time;
-   ``bound`` = wall / (wall − verify time · (1 − verify_vs_spiffy)); ``bound_only_prefill_kept`` the same if
-   everything outside the verification passes but prefill (cache-writing forwards, drafting, host work) were free.
-5. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
-   choice of the cost rule beyond its dense counterpart inside the same folded layer (the gate is paid either way):
-   attention ``direct`` and ``correct`` against a dense attention part, a folded FFN against a dense one — the
-   counts behind ``OPS_DIRECT``, ``OPS_CORRECT`` and ``OPS_FFN`` in ``specfold/engine/cost.py``.
+1. A dense forward of R requests' blocks (one branch each; ``forward_ragged``) at R = 1 and R = --batch, and the
+   same forward's GEMMs alone (every layer's Q/K/V, output, gate/up and down projections and the LM head, at the
+   pass's row count), interleaved, medians: ``forward_gain`` = R · forward(1) / forward(R), ``ideal_gain`` =
+   R · GEMMs(1) / GEMMs(R) (every other op free), ``amortised_gain`` = R · forward(1) / GEMMs(R) (R = 1 keeps its
+   other costs, R = --batch pays none); ``other_ms`` = forward − GEMMs, ``other_growth_for_3x`` the most the
+   other ops may grow from R = 1 to R = --batch for a 3× gain (below 1: 3× is out of reach).
+2. The drafting passes of a spiffy batch decode at R = --batch, recorded as they run and each re-timed (a warm-up
+   call, then one timed call each, interleaved) with the dense verifier and the folded verifier at δ = 0.1 in three
+   settings: the default cost rule (``auto``), and folding wherever the gate says with attention ``direct`` or
+   ``correct`` (Eq. 8); ``vs_dense`` = each setting's time ÷ dense's.
+3. ``extra_ops_per_layer``: on the largest recorded pass, the framework ops a folded layer dispatches for each
+   choice of the cost rule beyond its dense counterpart inside the same folded layer: the counts behind
+   ``OPS_DIRECT``, ``OPS_CORRECT`` and ``OPS_FFN`` in ``specfold/engine/cost.py``.
 
     python scripts/batch_pass_costs.py [--prompts 24] [--batch 8] [--dtype bf16]
     python scripts/batch_pass_costs.py --shape fast-dllm-v2-1.5b [--layers 2] [--vocab 32768]   # part 1 only
 
-``--shape``: part 1 on the random-weight model of ``specfold bench batch --shape`` (its prompts too).
-
-Prints one JSON object. One CPU thread; run it on a quiet machine.
+``--shape``: part 1 on the random-weight model of ``specfold bench batch --shape`` (its prompts too). Prints one JSON
+object. One CPU thread; run it on a quiet machine. The free-branch and any-policy bounds quoted in docs/results.md
+came from this script's longer version, ``git show d9101ac:scripts/batch_pass_costs.py``.
 """
 
 from __future__ import annotations
@@ -46,48 +27,34 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import time
+from functools import partial
 
 import torch
 
-from specfold.api import PATHS_FILE, decode_config_for, load_model, prepare_method
+from specfold.api import decode_config_for, load_model, prepare_method
 from specfold.bench.batch import held_out_prompts, random_shape_model
 from specfold.bench.ops import count_ops
-from specfold.decoding.acceptance import CalibrationPaths, replay_paths
-from specfold.decoding.batch import decode_batch
-from specfold.decoding.calibration import select_policy
-from specfold.engine.base import fold_ratio
-from specfold.engine.cost import LayerCost
+from specfold.bench.timing import interleaved
+from specfold.config import MethodConfig
+from specfold.decoding.decoder import decode_batch
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
 from specfold.model.linear import linear
 from specfold.model.loading import parse_dtype
 
-DRAFT_COSTS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)  # policies tried by part 4 (0.5: no drafting here)
 
-
-def forward_ms(model, prompts, r: int, repeats: int = 20) -> float:
+def forward_and_gemms_ms(model, prompts, r: int, repeats: int = 20) -> dict[str, float]:
+    """Median ms of a dense forward of ``r`` requests' blocks and of its GEMMs alone (model's weights and buckets)."""
     net, c = model.net, model.config
     cache = BatchCache(c.num_layers, r, c.num_kv_heads, c.head_dim, 512, net.dtype)
     for s in range(r):
         net.prefill(torch.tensor(prompts[s][:64]), cache.slot(s), mask="block_causal")
     tokens = torch.randint(0, c.vocab_size - 2, (r, 1, c.block_size), generator=torch.Generator().manual_seed(0))
     slots, lengths = torch.arange(r), torch.tensor([cache.slot(s).length for s in range(r)])
-    with torch.no_grad():
-        net.forward_ragged(tokens, cache, slots, lengths)
-        t = time.perf_counter()
-        for _ in range(repeats):
-            net.forward_ragged(tokens, cache, slots, lengths)
-    return (time.perf_counter() - t) / repeats * 1e3
+    x = torch.randn(r * c.block_size, c.hidden_size).to(net.dtype)
+    wide = torch.randn(r * c.block_size, c.intermediate_size).to(net.dtype)
 
-
-def gemm_ms(model, rows: int, repeats: int = 20) -> float:
-    """The GEMMs of one forward over ``rows`` block rows, timed alone (the model's weights, bucketed like the model)."""
-    net, c = model.net, model.config
-    x = torch.randn(rows, c.hidden_size).to(net.dtype)
-    wide = torch.randn(rows, c.intermediate_size).to(net.dtype)
-
-    def run() -> None:
+    def gemms() -> None:
         for layer in net.layers:
             linear(x, layer.wqkv, layer.bqkv)
             linear(x, layer.wo)
@@ -96,11 +63,9 @@ def gemm_ms(model, rows: int, repeats: int = 20) -> float:
         linear(x, net.head_weight())
 
     with torch.no_grad():
-        run()
-        t = time.perf_counter()
-        for _ in range(repeats):
-            run()
-    return (time.perf_counter() - t) / repeats * 1e3
+        t = interleaved({"forward": lambda: net.forward_ragged(tokens, cache, slots, lengths), "gemms": gemms},
+                        repeats, device=net.device)
+    return {name: timing.median * 1e3 for name, timing in t.items()}
 
 
 class Forced:
@@ -117,7 +82,7 @@ class Forced:
 
 
 def extra_ops_per_layer(model, batch) -> dict[str, float]:
-    """Ops per layer of each choice minus its dense counterpart's, on one recorded pass."""
+    """Ops per layer of each choice minus its dense counterpart's, on one recorded pass (part 3)."""
     def ops(attention: str, ffn: bool) -> float:
         v = FoldedVerifier(model.net, 0.1, cost=Forced(attention, ffn))
         return count_ops(lambda: v.verify_batch(batch)).total / len(model.net.layers)
@@ -127,90 +92,37 @@ def extra_ops_per_layer(model, batch) -> dict[str, float]:
             "ffn": base - ops("dense", False)}
 
 
-def free_branch_bound(model, prompts, cfg, method, r: int) -> dict[str, float]:
-    """Part 3 of the module docstring."""
-    verifier = method.verifier
-    dense = verifier.verify_batch
-    drafting: list = []
-    spent = verifying = 0.0
+def drafting_passes(model, prompts, batch: int) -> dict:
+    """Part 2 (and 3) of the module docstring."""
+    cfg = decode_config_for(model, 64)
+    spiffy = prepare_method(model, MethodConfig(method="spiffy"), cfg)
+    dense = spiffy.verifier.verify_batch
+    always = {"cost": None, "dense_fallback": False}
+    verifiers = {"dense": dense, "auto": FoldedVerifier(model.net, 0.1).verify_batch,
+                 "direct": FoldedVerifier(model.net, 0.1, attention="direct", **always).verify_batch,
+                 "correct": FoldedVerifier(model.net, 0.1, attention="correct", **always).verify_batch}
+    seconds, counts, recorded = collections.Counter(), collections.Counter(), []
 
     def timed(batch):
-        nonlocal spent, verifying
-        t = time.perf_counter()
-        out = dense(batch)
-        took = time.perf_counter() - t
-        verifying += took
-        if batch.states.shape[1] > 1:
-            spent += took
-            drafting.append(batch)
-        return out
+        if batch.states.shape[1] > 1:  # a drafting pass
+            t = interleaved({name: partial(f, batch) for name, f in verifiers.items()}, repeats=1,
+                            device=model.net.device)
+            seconds.update({name: timing.median for name, timing in t.items()})
+            counts["passes"] += 1
+            counts["branch_rows"] += batch.states.shape[0] * batch.states.shape[1]
+            counts["real_branches"] += sum(batch.branches)
+            recorded.append(batch)
+        return dense(batch)
 
-    decode_batch(model, prompts[:r], cfg, method, max_batch=r)  # warm-up
-    verifier.verify_batch = timed
+    spiffy.verifier.verify_batch = timed
     try:
-        t0 = time.perf_counter()
-        prefill = sum(res.prefill_seconds for res in decode_batch(model, prompts, cfg, method, max_batch=r))
-        wall = time.perf_counter() - t0
+        decode_batch(model, prompts, cfg, spiffy, max_batch=batch)
     finally:
-        verifier.verify_batch = dense
-    net, again, main_only = model.net, 0.0, 0.0
-    with torch.no_grad():
-        for batch in drafting:  # interleaved: the pass as run, then its main rows alone
-            t = time.perf_counter()
-            dense(batch)
-            t1 = time.perf_counter()
-            net.forward_ragged(batch.states[:, 0], batch.cache, batch.slots, batch.lengths)
-            again += t1 - t
-            main_only += time.perf_counter() - t1
-    x = main_only / again
-    request_passes = sum(b.states.shape[0] for b in drafting)
-    draft_rows = sum(sum(b.branches) for b in drafting) - request_passes
-    # The share of the draft rows' work that folding at δ = 0.1 leaves to compute (attention-part rows at the
-    # layer-input gate, FFN rows at the FFN gate, weighted by their MACs), from a specfold decode of the same queue:
-    # how far below dense a folded pass with no folding overhead could get.
-    c = model.config
-    per_row = LayerCost.of(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, 0.0)
-    specfold = prepare_method(model, "specfold", cfg.small_block_size, block_size=cfg.block_size, delta=0.1)
-    stats = collections.Counter()
-    decode_batch(model, prompts[:r], cfg, specfold, max_batch=r)  # warm-up
-    t0 = time.perf_counter()
-    results = decode_batch(model, prompts, cfg, specfold, max_batch=r)
-    specfold_wall = time.perf_counter() - t0
-    for res in results:
-        stats.update(res.engine_stats)
-    attention = per_row.qkv + per_row.o
-    kept = (attention * (1 - fold_ratio(stats)) + per_row.ffn * (1 - fold_ratio(stats, "ffn"))) / (
-        attention + per_row.ffn)
-    at_fold = x + kept * (1 - x)
-    return {"wall_s": wall, "drafting_passes": len(drafting), "drafting_s": spent, "main_only_vs_dense": x,
-            "wall_free_branches_s": wall - spent * (1 - x), "bound": wall / (wall - spent * (1 - x)),
-            "branch_work_kept_at_delta_0.1": kept, "zero_overhead_fold_vs_dense": at_fold,
-            "bound_at_fold": wall / (wall - spent * (1 - at_fold)),
-            "specfold_wall_s": specfold_wall, "specfold_vs_spiffy": wall / specfold_wall,
-            "verify_s": verifying, "prefill_s": prefill, "main_row_s": main_only / request_passes,
-            "draft_row_s": (again - main_only) / draft_rows}
-
-
-def any_policy_bound(model, graph, part3: dict, folded_vs_dense: float) -> dict:
-    """Part 4 of the module docstring."""
-    paths = CalibrationPaths.load(model.path / PATHS_FILE)
-    nodes = list(graph.nodes[1:])
-    shipped = replay_paths(paths.blocks, nodes, {c: graph.active_formulas(c) for c, _ in graph.policy})
-    u, v = part3["main_row_s"], part3["draft_row_s"]
-    x = part3["main_only_vs_dense"]
-    share = {"zero_overhead": part3["branch_work_kept_at_delta_0.1"],
-             "measured": max(0.0, (folded_vs_dense - x) / (1 - x))}
-    spiffy_cost = shipped.passes * (u + shipped.drafted_per_pass * v)
-    wall, verify, prefill = part3["wall_s"], part3["verify_s"], part3["prefill_s"]
-    out: dict = {"spiffy_policy": shipped.to_dict(), "draft_row_share": share}
-    replays = {c: replay_paths(paths.blocks, nodes, select_policy(paths.blocks, nodes, c)) for c in DRAFT_COSTS}
-    for name, kept in share.items():
-        cost, ratio, a = min(((c, a.passes * (u + a.drafted_per_pass * v * kept) / spiffy_cost, a)
-                              for c, a in replays.items()), key=lambda t: t[1])  # the first of equals wins
-        out[name] = {"best_draft_cost": cost, "verify_vs_spiffy": ratio, "passes": a.passes,
-                     "drafted_per_pass": a.drafted_per_pass, "bound": wall / (wall - verify * (1 - ratio)),
-                     "bound_only_prefill_kept": (prefill + verify) / (prefill + verify * ratio)}
-    return out
+        spiffy.verifier.verify_batch = dense
+    return {"drafting_passes": dict(counts),
+            "pass_ms": {k: 1e3 * v / counts["passes"] for k, v in seconds.items()},
+            "vs_dense": {k: v / seconds["dense"] for k, v in seconds.items()},
+            "extra_ops_per_layer": extra_ops_per_layer(model, max(recorded, key=lambda b: sum(b.branches)))}
 
 
 def main() -> None:
@@ -231,54 +143,18 @@ def main() -> None:
         prompts = held_out_prompts(text, tasks, args.prompts, model.config.vocab_size)
     else:
         prompts = held_out_prompts(model, tasks, args.prompts)
-    forward = {r: forward_ms(model, prompts, r) for r in (1, args.batch)}
-    gemms = {r: gemm_ms(model, r * model.config.block_size) for r in (1, args.batch)}
-    report = {"dtype": args.dtype, "batch": args.batch, "dense_forward_ms": forward, "gemm_only_ms": gemms,
-              "forward_gain": args.batch * forward[1] / forward[args.batch],
-              "ideal_gain": args.batch * gemms[1] / gemms[args.batch],
-              "amortised_gain": args.batch * forward[1] / gemms[args.batch]}
-    other = {r: forward[r] - gemms[r] for r in forward}
-    report["other_ms"] = other
-    report["other_growth"] = other[args.batch] / other[1]
-    report["other_growth_for_3x"] = (args.batch * forward[1] - 3 * gemms[args.batch]) / 3 / other[1]
+    r = args.batch
+    ms = {n: forward_and_gemms_ms(model, prompts, n) for n in (1, r)}
+    forward, gemms = {n: m["forward"] for n, m in ms.items()}, {n: m["gemms"] for n, m in ms.items()}
+    other = {n: forward[n] - gemms[n] for n in ms}
+    report = {"dtype": args.dtype, "batch": r, "dense_forward_ms": forward, "gemm_only_ms": gemms,
+              "forward_gain": r * forward[1] / forward[r], "ideal_gain": r * gemms[1] / gemms[r],
+              "amortised_gain": r * forward[1] / gemms[r], "other_ms": other, "other_growth": other[r] / other[1],
+              "other_growth_for_3x": (r * forward[1] - 3 * gemms[r]) / 3 / other[1]}
     if args.shape is not None:
         report["shape"] = f"{args.shape} x{args.layers}L vocab {model.config.vocab_size}"
-        print(json.dumps(report))
-        return
-    cfg = decode_config_for(model, 64, 0.9, None, "auto", None)
-    spiffy = prepare_method(model, "spiffy", cfg.small_block_size, block_size=cfg.block_size)
-    always = {"cost": None, "dense_fallback": False}
-    verifiers = {"dense": spiffy.verifier, "auto": FoldedVerifier(model.net, 0.1),
-                 "direct": FoldedVerifier(model.net, 0.1, attention="direct", **always),
-                 "correct": FoldedVerifier(model.net, 0.1, attention="correct", **always)}
-    seconds, counts = collections.Counter(), collections.Counter()
-    recorded = []
-    dense_verify = spiffy.verifier.verify_batch
-
-    def timed(batch):
-        if batch.states.shape[1] > 1:  # a drafting pass
-            for name, v in verifiers.items():
-                f = dense_verify if name == "dense" else v.verify_batch
-                f(batch)
-                t = time.perf_counter()
-                f(batch)
-                seconds[name] += time.perf_counter() - t
-            counts["passes"] += 1
-            counts["branch_rows"] += batch.states.shape[0] * batch.states.shape[1]
-            counts["real_branches"] += sum(batch.branches)
-            recorded.append(batch)
-        return dense_verify(batch)
-
-    spiffy.verifier.verify_batch = timed
-    decode_batch(model, prompts, cfg, spiffy, max_batch=args.batch)
-    report["drafting_passes"] = dict(counts)
-    report["pass_ms"] = {k: 1e3 * v / counts["passes"] for k, v in seconds.items()}
-    report["vs_dense"] = {k: v / seconds["dense"] for k, v in seconds.items()}
-    report["extra_ops_per_layer"] = extra_ops_per_layer(model, max(recorded, key=lambda b: sum(b.branches)))
-    spiffy.verifier.verify_batch = dense_verify
-    report["free_branch_bound"] = free_branch_bound(model, prompts, cfg, spiffy, args.batch)
-    report["any_policy_bound"] = any_policy_bound(model, spiffy.graph, report["free_branch_bound"],
-                                                  report["vs_dense"]["auto"])
+    else:
+        report.update(drafting_passes(model, prompts, r))
     print(json.dumps(report))
 
 
