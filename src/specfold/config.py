@@ -11,12 +11,9 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from specfold.validation import ValidationError
-
-if TYPE_CHECKING:
-    from specfold.decoding.draft_graph import DraftGraph
 
 
 class ConfigError(ValueError):
@@ -203,6 +200,16 @@ class FoldConfig:
         object.__setattr__(self, "attention", _choice(AttentionMode, self.attention, "attention"))
 
 
+class GraphLike(Protocol):
+    """What this module needs of a :class:`~specfold.decoding.draft_graph.DraftGraph` (config imports nothing
+    above it)."""
+
+    nodes: tuple
+    budget: int | None
+
+    def strings(self) -> list[str]: ...
+
+
 # FoldConfig's fields in the order records list them, and the values a label leaves out.
 _FOLD_DEFAULTS = {"backend": Backend.TORCH, "ffn": FfnReuse.RESIDUAL, "attention": AttentionMode.AUTO}
 
@@ -223,7 +230,7 @@ class MethodConfig:
     """
 
     method: MethodName = MethodName.VANILLA
-    graph: str | DraftGraph | None = None
+    graph: str | GraphLike | None = None
     budget: int | None = None
     depth: int | None = None
     delta: float | None = None
@@ -237,7 +244,7 @@ class MethodConfig:
         check_method_options(self.method, self.given())
         if isinstance(self.graph, str | os.PathLike):
             object.__setattr__(self, "graph", os.fspath(self.graph))
-        elif self.graph is not None and not (hasattr(self.graph, "nodes") and hasattr(self.graph, "budget")):
+        elif self.graph is not None and not all(hasattr(self.graph, a) for a in ("nodes", "budget", "strings")):
             raise ValidationError(f"graph must be a file path or a DraftGraph, got {type(self.graph).__name__}")
         for name, shown in (("budget", "budget"), ("depth", "depth cap")):
             value = getattr(self, name)
