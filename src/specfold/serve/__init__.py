@@ -1,6 +1,7 @@
 """``specfold serve``: an OpenAI-compatible HTTP server on the batched engine.
 
     from specfold.api import load_model
+    from specfold.config import MethodConfig
     from specfold.serve import ServerConfig, serve
     serve(load_model(None), ServerConfig(port=8000, method="specfold", options=MethodConfig("specfold", delta=0.1)))
 
