@@ -74,6 +74,20 @@ def test_registered_and_built_from_model_args(lm_eval_model, text_ckpt: Path):
     assert lm.cfg.max_new_tokens == 12 and lm.cfg.block_size == 8
 
 
+def test_model_args_are_one_method_config(lm_eval_model):
+    from specfold.config import MethodConfig
+    from specfold.validation import ValidationError
+
+    args = {"delta": "0.2", "budget": "3", "attention": "direct", "lookahead": "false", "batch_size": "1"}
+    assert lm_eval_model._method_config("specfold", args) == MethodConfig(
+        "specfold", delta=0.2, budget=3, attention="direct", lookahead=False
+    )
+    assert lm_eval_model._method_config("vanilla", {"delta": "none", "graph": ""}) == MethodConfig()
+    # an option for another method is refused, before any model is loaded
+    with pytest.raises(ValidationError, match="^delta applies to specfold, not vanilla$"):
+        lm_eval_model.SpecFoldLM(pretrained="/no/such/checkpoint", method="vanilla", delta=0.1)
+
+
 def test_generate_until_applies_stops_and_max_gen_toks(lm_eval_model, text_ckpt: Path):
     lm = lm_eval_model.SpecFoldLM(pretrained=str(text_ckpt), method="specfold", delta=0.1, budget=3,
                                   max_new_tokens=16, **DECODE)
