@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from specfold.config import MethodName
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # `specfold eval` with its one batched decode timed: the real command, plus one JSON line on stderr.
@@ -97,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve --max-batch and eval --batch-size (default 8)")
     s.add_argument("--max-queue", metavar="N", type=int, default=None,
                    help="serve --max-queue (default: enough for every client, so none gets 429)")
-    s.add_argument("--method", choices=["vanilla", "spiffy", "specfold"], default="vanilla",
+    s.add_argument("--method", choices=[m.value for m in MethodName], default="vanilla",
                    help="decoding method (default vanilla; eval batches every method the same way)")
     s.add_argument("--delta", metavar="D", type=float, default=None, help="specfold δ (server and eval)")
     s.add_argument("--max-tokens", metavar="N", type=positive_int, default=64,
