@@ -122,7 +122,6 @@ from specfold.config import DecodeConfig, ModelConfig
 from specfold.decoding.decoder import decode
 from specfold.decoding.draft_graph import DraftGraph
 from specfold.decoding.speculative import GraphDrafter
-from specfold.engine.base import fold_ratio
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.engine.cuda_graphs import GraphedVerifier
@@ -231,7 +230,7 @@ for name in SHAPE_NAMES:
         secs = sorted(r.seconds for r in rs)[len(rs) // 2]
         r = rs[-1]
         row[m] = {"tokens_per_s": r.generated_tokens / secs, "seconds": secs, "nfe": r.nfe,
-                  "accepted_drafts": r.accepted_drafts, "fold_ratio": fold_ratio(r.engine_stats),
+                  "accepted_drafts": r.accepted_drafts, "fold_ratio": r.engine_stats.fold_ratio(),
                   "syncs_per_pass": syncs[m], "same_tokens_as_vanilla": tokens[m] == tokens["vanilla"]}
     row["graphed_equals_eager"] = all(tokens[f"{m}_graphed"] == tokens[m] for m in methods
                                       if f"{m}_graphed" in methods)

@@ -65,7 +65,7 @@ def test_specfold_at_delta_zero_is_token_identical_to_vanilla_and_spiffy(model, 
     for ids, want in zip(prompts, vanilla, strict=True):
         res = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
         assert res.token_ids == want
-        folded += res.engine_stats.get("folded_triples", 0.0)
+        folded += res.engine_stats.folded_triples
     assert folded > 0  # rows really folded, so the identity is not vacuous
 
 
@@ -78,10 +78,10 @@ def test_triton_backend_at_delta_zero_is_token_identical(model, prompts):
 
     def folds(ids: list[int]) -> bool:
         res = decode(model, ids, cfg, verifier=ref.verifier, drafter=ref.drafter)
-        return res.engine_stats.get("folded_triples", 0.0) > 0
+        return res.engine_stats.folded_triples > 0
 
     ids = next((p for p in prompts if folds(p)), None)
     assert ids is not None, "no held-out prompt folds any row at delta 0 with the torch engine"
     m = prepare_method(model, MethodConfig(method="specfold", delta=0.0, backend="triton"), cfg)
     got = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
-    assert got.token_ids == decode(model, ids, cfg).token_ids and got.engine_stats["folded_triples"] > 0
+    assert got.token_ids == decode(model, ids, cfg).token_ids and got.engine_stats.folded_triples > 0

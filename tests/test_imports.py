@@ -34,13 +34,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specfold.cli",),  # the only place that prints
 )
 
-# Cycles someone is removing right now, each with who and where. An entry that is no longer a cycle fails the
-# test below (so the list only shrinks); nothing may be added to it.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"specfold.model.embedded", "specfold.model.loading"}): "issue 35 item 3: model families (model/)",
-}
-
-
 def _modules() -> dict[str, tuple[Path, bool]]:
     """Dotted name -> (file, is a package ``__init__``) for every module under ``src/specfold``."""
     out = {}
@@ -154,15 +147,8 @@ def test_the_walker_sees_every_kind_of_import() -> None:
 
 
 def test_no_import_cycles() -> None:
-    cycles = [c for c in _cycles(GRAPH) if frozenset(c) not in KNOWN_CYCLES]
+    cycles = _cycles(GRAPH)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
-
-
-def test_known_cycles_are_still_cycles() -> None:
-    """Remove an entry of KNOWN_CYCLES once its cycle is gone, so that it cannot come back unnoticed."""
-    current = {frozenset(c) for c in _cycles(GRAPH)}
-    gone = [sorted(c) for c in KNOWN_CYCLES if c not in current]
-    assert not gone, f"no longer cycles, drop them from KNOWN_CYCLES: {gone}"
 
 
 def test_every_module_has_a_layer() -> None:

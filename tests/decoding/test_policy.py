@@ -104,7 +104,7 @@ def test_policy_graph_is_lossless_and_replays_exactly_fp64(fd_ckpt):
         assert got.token_ids == want.token_ids
         offline = replay(blocks, graph)
         assert (offline.passes, offline.accepted) == (got.nfe_denoise, got.accepted_drafts)
-        rows = got.engine_stats["rows"] / cfg.block_size  # branch blocks verified over all passes
+        rows = got.engine_stats.rows / cfg.block_size  # branch blocks verified over all passes
         assert rows - got.nfe_denoise == offline.drafted  # the draft rows, offline = online
         accepted += got.accepted_drafts
         drafted += offline.drafted

@@ -47,8 +47,8 @@ def test_dense_fallback_equals_dense_verifier(family, fd_ckpt, nld_ckpt) -> None
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.3, cost=_cost(net, op_macs=1e18)).verify(cache, states, PARENTS)
     assert torch.equal(res.logits, dense)
-    assert res.stats["dense_layers"] == res.stats["layers"] == net.cfg.num_layers
-    assert res.stats["folded_triples"] == res.stats["ffn_folded_triples"] == 0
+    assert res.stats.dense_layers == res.stats.layers == net.cfg.num_layers
+    assert res.stats.folded_triples == res.stats.ffn_folded_triples == 0
 
 
 @pytest.mark.parametrize("family", ["fd", "nld"])
@@ -57,7 +57,7 @@ def test_cost_rule_choices_are_exact_at_delta_zero(family, fd_ckpt, nld_ckpt) ->
     net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     free = FoldedVerifier(net, 0.0, cost=_cost(net, op_macs=0.0)).verify(cache, states, PARENTS)
-    assert free.stats["dense_layers"] == 0 and free.stats["folded_triples"] > 0
+    assert free.stats.dense_layers == 0 and free.stats.folded_triples > 0
     assert (free.logits - dense).abs().max().item() < 1e-9
     measured = FoldedVerifier(net, 0.0).verify(cache, states, PARENTS)
     assert (measured.logits - dense).abs().max().item() < 1e-9

@@ -56,17 +56,13 @@ def _reference(net, cache, states, parents, delta: float, ffn: str):
     return net.position_logits(net.logits(h)), masks
 
 
-def _fold_ratio(stats: dict[str, float]) -> float:
-    return stats["folded_triples"] / stats["draft_triples"]
-
-
 @pytest.mark.parametrize("family", ["fd", "nld"])
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-9), (torch.float32, 1e-4)])
 def test_delta_zero_equals_dense(family, dtype, tol, fd_ckpt, nld_ckpt) -> None:
     net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, dtype)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.0, **ALWAYS).verify(cache, states, PARENTS)  # default ffn="residual"
-    assert _fold_ratio(res.stats) > 0.2 and res.stats["corrected_rows"] > 0  # Eq. 8 really ran
+    assert res.stats.fold_ratio() > 0.2 and res.stats.corrected_rows > 0  # Eq. 8 really ran
     err = (res.logits - dense).abs().max().item()
     assert err <= tol, err
 
@@ -75,7 +71,7 @@ def test_guard_fallback_is_exact(fd_ckpt) -> None:
     net, cache, states = branch_pass(fd_ckpt, torch.float64)
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.0, guard=1e-9, **ALWAYS).verify(cache, states, PARENTS)
-    assert res.stats["guard_fallbacks"] > 0
+    assert res.stats.guard_fallbacks > 0
     assert (res.logits - dense).abs().max().item() <= 1e-9
 
 
@@ -98,7 +94,7 @@ def test_matches_spec_semantics(family, delta, ffn, fd_ckpt, nld_ckpt) -> None:
         assert torch.equal(layer.recompute, want)
     assert (res.logits - ref_logits).abs().max().item() <= 1e-9
     if delta > 0:
-        assert _fold_ratio(res.stats) > 0.3
+        assert res.stats.fold_ratio() > 0.3
 
 
 @pytest.mark.parametrize("delta", [0.1, 0.3])
@@ -132,10 +128,12 @@ def test_gate_and_inherited_entries(delta, nld_ckpt) -> None:
 
 def test_statistics(fd_ckpt) -> None:
     """Every count of the stats against the pass's own per-layer tables (trace): folded and recomputed rows per
-    layer and per graph depth, rows whose block context changed (Δ ≠ ∅, Eq. 8), guard fallbacks, FFN reuse."""
+    layer and per graph depth, rows whose block context changed (Δ ≠ ∅, Eq. 8), guard fallbacks, FFN reuse; in
+    the typed fields and in the flat keys records carry."""
     net, cache, states = branch_pass(fd_ckpt, torch.float64)
     res, tr = FoldedVerifier(net, 0.2, **ALWAYS).run(cache, states, PARENTS, trace=True)
-    s = res.stats
+    stats = res.stats
+    s = stats.to_dict()
     layers, k = net.cfg.num_layers, len(PARENTS)
     depth = [0] * k
     for i in range(1, k):
@@ -161,7 +159,12 @@ def test_statistics(fd_ckpt) -> None:
         assert s[f"folded_d{d}"] == n_folded
         assert s[f"draft_d{d}"] == sum(depth[b] == d for b in range(1, k)) * N * layers
     assert 0 < s["folded_triples"] < s["draft_triples"] and 0 < s["corrected_rows"] < s["folded_triples"]
-    assert _fold_ratio(s) == s["folded_triples"] / s["draft_triples"]
+    assert stats.fold_ratio() == s["folded_triples"] / s["draft_triples"]
+    assert stats.folded_by_layer == tuple((~lt.recompute).sum().item() for lt in tr.layers)
+    assert stats.recomputed_by_layer == tuple(lt.recompute.sum().item() for lt in tr.layers)
+    assert stats.folded_by_depth == (0, *(by_depth[d] for d in range(1, max(depth) + 1)))
+    assert {key: getattr(stats, key) for key in want} == want
+    assert (stats.layers, stats.rows) == (layers, k * N)
 
 
 def test_rejects_unknown_backend(fd_ckpt) -> None:
@@ -177,7 +180,7 @@ def test_direct_attention_mode_matches_the_correction(family, delta, fd_ckpt, nl
     net, cache, states = branch_pass(fd_ckpt if family == "fd" else nld_ckpt, torch.float64, seed=3)
     corrected = FoldedVerifier(net, delta, **ALWAYS).verify(cache, states, PARENTS)
     direct = FoldedVerifier(net, delta, attention="direct", **ALWAYS).verify(cache, states, PARENTS)
-    assert direct.stats["folded_triples"] == corrected.stats["folded_triples"] > 0
+    assert direct.stats.folded_triples == corrected.stats.folded_triples > 0
     assert (direct.logits - corrected.logits).abs().max().item() <= 1e-9
     if delta == 0.0:
         dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
@@ -196,7 +199,7 @@ def test_imposed_fold_ratio_governs_every_layer(ratio, fd_ckpt) -> None:
         want = imposed[i].clone()
         want[0] = False  # a root never folds
         assert torch.equal(~lt.recompute, want)
-    assert abs(_fold_ratio(res.stats) - ratio) < 0.1
+    assert abs(res.stats.fold_ratio() - ratio) < 0.1
     again = v.verify(cache, states, PARENTS)
     assert torch.equal(again.logits, res.logits) and again.stats == res.stats
 
@@ -206,6 +209,6 @@ def test_imposed_fold_zero_is_dense_and_bad_ratios_are_refused(fd_ckpt) -> None:
     dense = DenseVerifier(net).verify(cache, states, PARENTS).logits
     res = FoldedVerifier(net, 0.0, ffn="paper", attention="correct", imposed_fold=0.0, **ALWAYS).verify(
         cache, states, PARENTS)
-    assert res.stats["folded_triples"] == 0 and (res.logits - dense).abs().max().item() <= 1e-9
+    assert res.stats.folded_triples == 0 and (res.logits - dense).abs().max().item() <= 1e-9
     with pytest.raises(ValueError, match="imposed_fold must be a fraction in"):
         FoldedVerifier(net, 0.0, imposed_fold=1.5)

@@ -63,7 +63,7 @@ def test_specfold_at_delta_zero_is_token_identical_on_cuda(model, prompts, backe
         want = decode(model, ids, cfg).token_ids
         got = decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter)
         assert got.token_ids == want
-        folded += got.engine_stats.get("folded_triples", 0.0)
+        folded += got.engine_stats.folded_triples
         accepted += got.accepted_drafts
     assert folded > 0 and accepted > 0  # rows folded and drafts were accepted: the identity is not vacuous
 

@@ -146,7 +146,7 @@ def test_one_host_read_per_triton_pass(fd_ckpt, device) -> None:
     t_reads, t_by_op = host_reads(lambda: torch_v.verify(cache, states, parents))
     assert t_reads == 5 * layers + 2, t_by_op
     got = triton_v.verify(cache, states, parents)
-    assert got.stats["folded_triples"] == want.stats["folded_triples"] > 0
+    assert got.stats.folded_triples == want.stats.folded_triples > 0
     assert (got.logits - want.logits).abs().max().item() <= 1e-3
 
 
@@ -167,5 +167,5 @@ def test_imposed_fold_ratio_is_the_same_on_triton_and_torch(fd_ckpt, device) -> 
     reads, by_op = host_reads(lambda: triton_v.verify(cache, states, parents))
     assert reads == 1, by_op
     got = triton_v.verify(cache, states, parents)
-    assert got.stats["folded_triples"] == want.stats["folded_triples"] > 0
+    assert got.stats.folded_triples == want.stats.folded_triples > 0
     assert (got.logits - want.logits).abs().max().item() <= 1e-3

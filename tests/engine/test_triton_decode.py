@@ -48,9 +48,9 @@ def test_triton_decode_at_delta_zero_is_token_identical(family, tmp_path, device
         assert sum(res.steps_per_block) == sum(vanilla.steps_per_block), backend
     got, ref = runs["triton"], runs["torch"]
     assert got.accepted_drafts > 0 and got.nfe_denoise < vanilla.nfe_denoise  # drafts were verified and accepted
-    assert got.engine_stats["folded_triples"] > 0 and got.engine_stats["corrected_rows"] > 0
+    assert got.engine_stats.folded_triples > 0 and got.engine_stats.corrected_rows > 0
     for key in ("draft_triples", "folded_triples", "corrected_rows", "guard_fallbacks"):  # the torch engine's gates
-        assert got.engine_stats[key] == ref.engine_stats[key], key
+        assert getattr(got.engine_stats, key) == getattr(ref.engine_stats, key), key
 
 
 @pytest.mark.parametrize("family", ["fast_dllm_v2", "nld"])
@@ -78,7 +78,7 @@ def test_triton_batch_decode_at_delta_zero_is_vanilla_and_equals_torch(family, t
     for backend, res in runs.items():
         assert [r.token_ids for r in res] == vanilla, backend
     got, ref = runs["triton"], runs["torch"]
-    assert sum(r.accepted_drafts for r in got) > 0 and sum(r.engine_stats["folded_triples"] for r in got) > 0
+    assert sum(r.accepted_drafts for r in got) > 0 and sum(r.engine_stats.folded_triples for r in got) > 0
     assert [r.nfe for r in got] == [r.nfe for r in ref]
     for key in ("draft_triples", "folded_triples", "corrected_rows", "guard_fallbacks"):
-        assert [r.engine_stats[key] for r in got] == [r.engine_stats[key] for r in ref], key
+        assert [getattr(r.engine_stats, key) for r in got] == [getattr(r.engine_stats, key) for r in ref], key

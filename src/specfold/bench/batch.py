@@ -28,7 +28,7 @@ from specfold.bench.timing import timed
 from specfold.config import DecodeConfig, ModelConfig
 from specfold.decoding.batch import decode_batch
 from specfold.decoding.decoder import GenerationResult
-from specfold.engine.base import fold_ratio
+from specfold.engine.stats import FoldStats
 from specfold.model.loading import LoadedModel
 
 
@@ -114,10 +114,7 @@ def bench_batch(
             wall, results = reps[len(reps) // 2]
             base = runs[name, 1][0][1] if 1 in bench.batch_sizes else None
             lat = [x.seconds for x in results]
-            stats: dict[str, float] = {}
-            for x in results:
-                for key, v in x.engine_stats.items():
-                    stats[key] = stats.get(key, 0.0) + v
+            stats = sum((x.engine_stats for x in results), FoldStats())
             tokens = sum(x.generated_tokens for x in results)
             agree = (sum(a.token_ids == b.token_ids for a, b in zip(results, base, strict=True)) / len(results)
                      if base is not None else None)
@@ -127,7 +124,7 @@ def bench_batch(
                 latency_p50=_percentile(lat, 0.5), latency_p95=_percentile(lat, 0.95),
                 latency_mean=statistics.fmean(lat), nfe=sum(x.nfe for x in results),
                 accepted_drafts=sum(x.accepted_drafts for x in results),
-                fold_ratio=fold_ratio(stats) if stats.get("draft_triples") else None, agreement=agree,
+                fold_ratio=stats.fold_ratio(), agreement=agree,
                 repeats=len(reps),
             ))
     return points

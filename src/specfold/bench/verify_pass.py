@@ -24,7 +24,6 @@ import torch
 from specfold.bench.layer import SHAPES, default_parents, model_config
 from specfold.bench.ops import count_ops
 from specfold.bench.timing import interleaved, timed_call
-from specfold.engine.base import fold_ratio
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.engine.profiling import PARTS
@@ -128,11 +127,10 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
     parts["other"] = max(0.0, total - sum(parts.values()))
     counter = count_ops(run_folded)
     d_med, f_med = t["dense"].median, t["folded"].median
-    draft = stats["draft_triples"]
     return PassBenchResult(
         shape=shape, layers=layers, vocab=vocab, branches=branches, block=block, prefix=prefix,
-        dtype=str(dtype).removeprefix("torch."), delta=delta, fold_ratio=fold_ratio(stats) or 0.0,
-        ffn_fold_ratio=stats["ffn_folded_triples"] / draft if draft else 0.0, dense_layers=int(stats["dense_layers"]),
+        dtype=str(dtype).removeprefix("torch."), delta=delta, fold_ratio=stats.fold_ratio() or 0.0,
+        ffn_fold_ratio=stats.fold_ratio("ffn") or 0.0, dense_layers=stats.dense_layers,
         dense_seconds=d_med, folded_seconds=f_med, ratio=f_med / d_med, parts=parts,
         ops_per_layer=counter.total / layers, syncs_per_layer=counter.syncs / layers, repeats=repeats,
         threads=torch.get_num_threads(),

@@ -171,10 +171,8 @@ def run(args: argparse.Namespace) -> int:
             if args.method != "vanilla":
                 rec["accepted_per_step"] = result.accepted_drafts / max(1, result.nfe_denoise)
             if args.method == "specfold":
-                from specfold.engine.base import fold_ratio
-
-                rec["fold_ratio"] = fold_ratio(result.engine_stats)
-                rec["ffn_fold_ratio"] = fold_ratio(result.engine_stats, "ffn")
+                rec["fold_ratio"] = result.engine_stats.fold_ratio()
+                rec["ffn_fold_ratio"] = result.engine_stats.fold_ratio("ffn")
             print(json.dumps(rec))
             continue
         if len(results) > 1:

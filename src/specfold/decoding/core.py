@@ -52,6 +52,7 @@ import torch
 from specfold.config import DecodeConfig
 from specfold.decoding.unmasking import stop_reached, unmask_step
 from specfold.engine.dense import DenseVerifier
+from specfold.engine.stats import FoldStats
 from specfold.model.cache import BatchCache
 from specfold.model.families import family_of, get_family
 from specfold.model.families.base import FamilySpec, UnmaskRule, commit_blocks, seed_block
@@ -72,7 +73,7 @@ class GenerationResult:
     stopped: bool  # the stop token ended generation (else max_new_tokens did)
     accepted_drafts: int = 0
     boundary_drafts: int = 0  # block starts whose first pass a boundary draft saved
-    engine_stats: Any = field(default_factory=dict)  # the verifier's statistics, summed over passes
+    engine_stats: FoldStats = field(default_factory=FoldStats)  # the verifier's statistics, summed over passes
     prefill_seconds: float = 0.0  # prefill wall time (not in ``seconds``)
     capped_blocks: int = 0  # blocks ended by the step cap with masks left (the argmax was the mask token)
 
@@ -478,7 +479,7 @@ class Decoder:
             stopped=req.stop_at is not None and self.model.stop_id in generated,
             accepted_drafts=req.accepted,
             boundary_drafts=req.boundary,
-            engine_stats=req.engine_stats if req.engine_stats is not None else {},
+            engine_stats=req.engine_stats if req.engine_stats is not None else FoldStats(),
             prefill_seconds=req.prefill_seconds,
             capped_blocks=req.capped,
         )

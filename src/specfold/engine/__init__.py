@@ -7,5 +7,6 @@ ancestors where the relative residual is small (SpecFold).
 from specfold.engine.base import Verifier, VerifyResult
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
+from specfold.engine.stats import FoldStats
 
-__all__ = ["DenseVerifier", "FoldedVerifier", "Verifier", "VerifyResult"]
+__all__ = ["DenseVerifier", "FoldStats", "FoldedVerifier", "Verifier", "VerifyResult"]

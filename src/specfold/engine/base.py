@@ -19,13 +19,14 @@ from typing import Protocol
 
 import torch
 
+from specfold.engine.stats import FoldStats
 from specfold.model.cache import BatchCache, PrefixCache
 
 
 @dataclass
 class VerifyResult:
     logits: torch.Tensor  # [K, N, V]
-    stats: dict[str, float] = field(default_factory=dict)  # summed over passes by the decoder
+    stats: FoldStats = field(default_factory=FoldStats)  # summed over passes by the decoder (``+``)
 
 
 @dataclass
@@ -49,7 +50,7 @@ class BatchBranches:
 @dataclass
 class BatchVerifyResult:
     logits: list[torch.Tensor]  # [R] of [branches[r], N, V]: each request's real rows (padding is never returned)
-    stats: list[dict[str, float]]  # per request, over its real rows only
+    stats: list[FoldStats]  # per request, over its real rows only
 
 
 class Verifier(Protocol):
@@ -61,13 +62,3 @@ class Verifier(Protocol):
     ) -> VerifyResult: ...
 
     def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult: ...
-
-
-def fold_ratio(stats: dict[str, float], gate: str = "attention") -> float | None:
-    """Folded ÷ draft (branch, position, layer) triples of summed verifier stats, at the layer-input (attention)
-    gate or, with ``gate="ffn"``, at the FFN gate; None when nothing was drafted."""
-    if gate not in ("attention", "ffn"):
-        raise ValueError(f"unknown gate {gate!r}; available: attention, ffn")
-    draft = stats.get("draft_triples", 0.0)
-    key = "folded_triples" if gate == "attention" else "ffn_folded_triples"
-    return stats.get(key, 0.0) / draft if draft else None

@@ -84,7 +84,7 @@ class GraphedVerifier:
             cap = self._graphs[key] = self._capture(cache, states, parents, key[2])
         self._load(cap, cache, states, parents)
         cap.graph.replay()
-        return VerifyResult(cap.logits.clone(), fold_stats(cap.counts, cap.parents, n).to_dict())
+        return VerifyResult(cap.logits.clone(), fold_stats(cap.counts, cap.parents, n))
 
     def _load(self, cap: _Captured, cache: PrefixCache, states: torch.Tensor, parents: torch.Tensor) -> None:
         cos, sin, qscale = self.folded.net.rope_tables(cache.length, states.shape[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
+from specfold.engine.stats import FoldStats
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM
 
@@ -22,7 +23,7 @@ class DenseVerifier:
     ) -> VerifyResult:
         raw = self.net(states, cache, mask="bidirectional")
         rows = states.shape[0] * states.shape[1]
-        return VerifyResult(self.net.position_logits(raw), {"rows": float(rows)})
+        return VerifyResult(self.net.position_logits(raw), FoldStats(rows=rows))
 
     @torch.no_grad()
     def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult:
@@ -32,5 +33,5 @@ class DenseVerifier:
         raw = self.net.forward_ragged(batch.states, batch.cache, batch.slots, batch.lengths,
                                       valid=None if full else batch.valid)
         logits = self.net.position_logits(raw.reshape(-1, n, raw.shape[-1]))  # [B', N, V]
-        stats = [{"rows": float(b * n)} for b in batch.branches]
+        stats = [FoldStats(rows=b * n) for b in batch.branches]
         return BatchVerifyResult(list(torch.split(logits, batch.branches)), stats)

@@ -113,14 +113,14 @@ class FoldedVerifier:
         net = self.net
         k, n = states.shape
         if k == 1 and not trace:  # no drafts: nothing can fold
-            return VerifyResult(self._dense.verify(cache, states, parents).logits, self._root_stats(n).to_dict()), None
+            return VerifyResult(self._dense.verify(cache, states, parents).logits, self._root_stats(n)), None
         par, checked = self._parents(parents[None])
         cos, sin, qscale = net.rope_tables(cache.length, n)
         graph = BranchGraph.of(checked[0], net.device) if self.cfg.backend == "torch" else None
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par.reshape(-1), graph=graph)
         prefixes = [cache.layer(i) for i in range(len(net.layers))]
         logits, counts, out = self.forward(states, ctx, prefixes, trace)
-        return VerifyResult(logits, fold_stats_batch(counts, checked, n, [k])[0].to_dict()), out
+        return VerifyResult(logits, fold_stats_batch(counts, checked, n, [k])[0]), out
 
     @torch.no_grad()
     def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult:
@@ -135,7 +135,7 @@ class FoldedVerifier:
         r, kb, n = batch.states.shape
         if all(b == 1 for b in batch.branches):  # no request has drafts (every block start at R = 1)
             logits = self._dense.verify_batch(batch).logits
-            return BatchVerifyResult(logits, [self._root_stats(n).to_dict() for _ in batch.branches])
+            return BatchVerifyResult(logits, [self._root_stats(n)] * len(batch.branches))
         dev = net.device
         local, checked = self._parents(batch.parents)
         lengths = batch.lengths.to(dev)
@@ -165,8 +165,7 @@ class FoldedVerifier:
                     for i in range(len(net.layers))]
         logits, counts, _ = self.forward(states, ctx, prefixes, head_rows=None if ragged else keep)
         per_request = list(torch.split(logits, batch.branches))
-        stats = fold_stats_batch(counts, checked, n, batch.branches, starts)
-        return BatchVerifyResult(per_request, [st.to_dict() for st in stats])
+        return BatchVerifyResult(per_request, fold_stats_batch(counts, checked, n, batch.branches, starts))
 
     def _root_stats(self, n: int) -> FoldStats:
         """The statistics of a one-branch request (every row recomputed at every layer), as

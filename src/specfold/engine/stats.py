@@ -11,6 +11,7 @@ a dense pass reports besides its rows).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, fields
 from itertools import zip_longest
 
@@ -23,6 +24,9 @@ GATES = ("attention", "ffn")
 
 
 def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Elementwise sum, the shorter tuple padded with zeros (passes of different graph depths)."""
+    if len(a) == len(b):
+        return tuple(map(operator.add, a, b))
     return tuple(x + y for x, y in zip_longest(a, b, fillvalue=0))
 
 
@@ -51,11 +55,8 @@ class FoldStats:
     def __add__(self, other: FoldStats) -> FoldStats:
         if not isinstance(other, FoldStats):
             return NotImplemented
-        return FoldStats(**{
-            f.name: (_add if f.name.endswith(("_layer", "_depth")) else int.__add__)(
-                getattr(self, f.name), getattr(other, f.name))
-            for f in fields(self)
-        })
+        a, b = self.__dict__, other.__dict__  # NOTE: added once per pass and request; no per-field getattr
+        return FoldStats(**{k: a[k] + b[k] for k in _COUNTS}, **{k: _add(a[k], b[k]) for k in _SERIES})
 
     def fold_ratio(self, gate: str = "attention") -> float | None:
         """Folded ÷ draft triples at the layer-input (``"attention"``) or the FFN gate; None when nothing was
@@ -87,6 +88,10 @@ class FoldStats:
                     "layers"):
             out[key] = float(getattr(self, key))
         return out
+
+
+_SERIES = tuple(f.name for f in fields(FoldStats) if f.name.endswith(("_layer", "_depth")))
+_COUNTS = tuple(f.name for f in fields(FoldStats) if f.name not in _SERIES)
 
 
 def fold_stats(counts: list[LayerCounts], parents: list[int] | torch.Tensor, n: int) -> FoldStats:

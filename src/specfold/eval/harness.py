@@ -25,7 +25,6 @@ from specfold.api import Method, decode_config_for, encode_prompt, prepare_metho
 from specfold.config import DecodeConfig, MethodConfig
 from specfold.decoding.core import GenerationResult
 from specfold.decoding.decoder import decode, decode_batch
-from specfold.engine.base import fold_ratio
 from specfold.eval.provenance import check_resume, graph_hash, run_provenance, sample_hash
 from specfold.io import atomic_write_text, check_output_path
 from specfold.model.loading import LoadedModel
@@ -264,15 +263,13 @@ def _run_one(
         "prompt_tokens": len(ids),
         "text": text,
     }
-    if stats.get("draft_triples"):
-        rec["fold_ratio"] = fold_ratio(stats)
-        rec["ffn_fold_ratio"] = fold_ratio(stats, "ffn")
-        rec["draft_triples"] = stats["draft_triples"]
-        rec["folded_triples"] = stats.get("folded_triples", 0.0)
-        rec["ffn_folded_triples"] = stats.get("ffn_folded_triples", 0.0)
-        rec["dense_layers"] = stats.get("dense_layers", 0.0)
-        rec["layers"] = stats.get("layers", 0.0)
-        rec["guard_fallbacks"] = stats.get("guard_fallbacks", 0.0)
+    if stats.draft_triples:
+        rec["fold_ratio"] = stats.fold_ratio()
+        rec["ffn_fold_ratio"] = stats.fold_ratio("ffn")
+        flat = stats.to_dict()
+        for key in ("draft_triples", "folded_triples", "ffn_folded_triples", "dense_layers", "layers",
+                    "guard_fallbacks"):
+            rec[key] = flat[key]
     return rec
 
 

@@ -26,7 +26,6 @@ from starlette.exceptions import HTTPException
 
 from specfold.config import MethodConfig, MethodName
 from specfold.decoding.core import GenerationResult, check_prompt
-from specfold.engine.base import fold_ratio
 from specfold.model.loading import LoadedModel
 from specfold.serve.engine import Job, JobUpdate, QueueFull, ServeEngine
 from specfold.serve.schemas import ChatCompletionRequest, CompletionRequest
@@ -115,7 +114,7 @@ class _Run:
             "nfe_denoise": r.nfe_denoise if r else None,
             "nfe_cache": r.nfe_cache if r else None,
             "accepted_drafts": r.accepted_drafts if r else None,
-            "fold_ratio": fold_ratio(r.engine_stats) if r and specfold else None,
+            "fold_ratio": r.engine_stats.fold_ratio() if r and specfold else None,
             "decode_seconds": r.seconds if r else None,
         }
 
