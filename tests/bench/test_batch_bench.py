@@ -27,8 +27,7 @@ def test_points_match_the_batch_one_decodes(fd_ckpt):
         assert p.requests == 3 and p.repeats == 2 and p.agreement == 1.0  # fp64: the batch is batch 1, exactly
         assert p.generated_tokens == sum(r.generated_tokens for r in alone)
         assert p.nfe == sum(r.nfe for r in alone) and p.accepted_drafts == 0 and p.fold_ratio is None
-        assert p.tokens_per_second == pytest.approx(p.generated_tokens / p.wall_seconds)
-        assert 0 < p.latency_p50 <= p.latency_p95 <= p.wall_seconds
+        assert 0 < p.latency_p50 <= p.latency_p95 <= p.wall_seconds  # the wall covers the whole queue
     with pytest.raises(ValueError, match="batch sizes must be positive"):
         BatchBenchConfig((0,))
 

@@ -1,4 +1,4 @@
-"""Batch benchmark: total throughput and per-request latency of :func:`~specfold.decoding.batch.decode_batch` over
+"""Batch benchmark: total throughput and per-request latency of :func:`~specfold.decoding.decoder.decode_batch` over
 a grid of batch sizes, methods side by side.
 
 Used by ``specfold bench batch``. Every grid point decodes the same prompts: a queue of ``len(prompts)`` requests
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from specfold.bench.timing import timed
-from specfold.config import DecodeConfig, ModelConfig
-from specfold.decoding.batch import decode_batch
-from specfold.decoding.decoder import GenerationResult
+from specfold.bench.timing import percentile, timed
+from specfold.config import DecodeConfig
+from specfold.decoding.core import GenerationResult
+from specfold.decoding.decoder import decode_batch
 from specfold.engine.stats import FoldStats
 from specfold.model.loading import LoadedModel
 
@@ -53,7 +53,7 @@ class BatchPoint:
     wall_seconds: float  # median over repeats: the whole queue, first admission to last finish
     wall_spread: float  # max - min over repeats
     tokens_per_second: float  # generated_tokens / wall_seconds: total throughput
-    latency_p50: float  # per-request seconds (admission to finish), of the median-wall repeat
+    latency_p50: float  # per-request seconds (admission to finish), of the median-wall repeat; interpolated
     latency_p95: float
     latency_mean: float
     nfe: int  # summed over the requests
@@ -73,11 +73,6 @@ class BatchBenchProgress:
     method: str
     batch_size: int
     tokens_per_second: float
-
-
-def _percentile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def bench_batch(
@@ -121,7 +116,7 @@ def bench_batch(
             points.append(BatchPoint(
                 method=name, batch_size=r, requests=len(results), generated_tokens=tokens, wall_seconds=wall,
                 wall_spread=reps[-1][0] - reps[0][0], tokens_per_second=tokens / wall,
-                latency_p50=_percentile(lat, 0.5), latency_p95=_percentile(lat, 0.95),
+                latency_p50=percentile(lat, 50), latency_p95=percentile(lat, 95),
                 latency_mean=statistics.fmean(lat), nfe=sum(x.nfe for x in results),
                 accepted_drafts=sum(x.accepted_drafts for x in results),
                 fold_ratio=stats.fold_ratio(), agreement=agree,
