@@ -10,11 +10,11 @@ one prompt file per length. For each length and repeat it runs, interleaved (bef
     specfold generate --model DIR --prompt-ids @ids-L.txt --max-new-tokens 32 --dtype bf16 --json
 
 (``--chunks`` instead compares ``--prefill-chunk`` values of the new tree; ``--prefill-only`` stops each run after
-its prefill) under ``/usr/bin/time -v`` (peak RSS)
-and an address-space limit (``--mem-limit-gb``, so that a tree that tries a huge allocation fails instead of
-swamping the machine). The prefill is timed by wrapping the family's start protocol (the prefill call) in a
-timer, the same way for every tree; ``@FILE`` is expanded by the wrapper, since older trees take ids inline only
-and 64k ids outgrow one command-line argument. Prints a Markdown table of medians and appends every run to
+its prefill) under ``/usr/bin/time -v`` (peak RSS) and an address-space limit (``--mem-limit-gb``, so that a tree
+that tries a huge allocation fails instead of swamping the machine). The prefill is timed by wrapping the family's
+start protocol (the prefill call) in a timer, the same way for every tree (``model.families`` today,
+``decoding.decoder.PROTOCOLS`` in older trees); ``@FILE`` is expanded by the wrapper, since older trees take ids
+inline only and 64k ids outgrow one command-line argument. Prints a Markdown table of medians and appends every run to
 ``OUT/runs.jsonl``.
 """
 
@@ -68,20 +68,26 @@ import dataclasses, json, os, resource, sys, time
 limit = int(float(os.environ.get("BENCH_MEM_LIMIT_GB", "0")) * 2**30)
 if limit:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from specfold.decoding import decoder
+try:  # one module per family, registered by name and model_type
+    from specfold.model import families
+    registries = [families.FAMILIES, families.MODEL_TYPES]
+except ImportError:  # trees before the decoding core: the protocols lived in the decoder
+    from specfold.decoding import decoder
+    registries = [decoder.PROTOCOLS]
 from specfold.cli import main
 spent = []
-for fam, proto in list(decoder.PROTOCOLS.items()):
-    def timed(*a, _start=proto.start, **k):
-        t = time.perf_counter()
-        out = _start(*a, **k)
-        spent.append(time.perf_counter() - t)
-        if os.environ.get("BENCH_PREFILL_ONLY"):
-            print("BENCH " + json.dumps({"prefill_seconds": sum(spent)}), file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(0)
-        return out
-    decoder.PROTOCOLS[fam] = dataclasses.replace(proto, start=timed)
+for registry in registries:
+    for key, proto in list(registry.items()):
+        def timed(*a, _start=proto.start, **k):
+            t = time.perf_counter()
+            out = _start(*a, **k)
+            spent.append(time.perf_counter() - t)
+            if os.environ.get("BENCH_PREFILL_ONLY"):
+                print("BENCH " + json.dumps({"prefill_seconds": sum(spent)}), file=sys.stderr)
+                sys.stderr.flush()
+                os._exit(0)
+            return out
+        registry[key] = dataclasses.replace(proto, start=timed)
 argv = sys.argv[1:]
 i = argv.index("--prompt-ids") + 1
 if argv[i].startswith("@"):
