@@ -59,6 +59,30 @@ def test_mask_id_from_the_tokenizer_when_config_has_none(tmp_path):
     assert load_model(ckpt, mask_id=7, eos_id=9).mask_id == 7
 
 
+def test_stop_id_comes_from_the_config_eos_first_and_the_tokenizer_only_as_a_fallback(tmp_path):
+    """NLD-8B's config says eos_token_id 11 while its tokenizer knows other end tokens: the config wins, and the
+    loaded model says which source it used. A config `auto_map` (every published DLLM has one) never makes the
+    tokenizer load ask about remote code (stdin is closed here: a question would raise)."""
+    from specfold.train.tokenizer import train_tokenizer
+
+    tok_dir = train_tokenizer(tmp_path / "tok", vocab_size=300, n_samples=300)
+    ckpt = write_random_checkpoint(tmp_path / "m", "fast_dllm_v2", vocab_size=300, eos_token_id=11)
+    for f in tok_dir.iterdir():
+        shutil.copy(f, ckpt / f.name)
+    for name in ("config.json", "tokenizer_config.json"):
+        cfg = json.loads((ckpt / name).read_text())
+        cfg["auto_map"] = {"AutoModel": "modeling_x.XModel", "AutoTokenizer": ["tokenization_x.XTokenizer", None]}
+        (ckpt / name).write_text(json.dumps(cfg))
+    model = load_model(ckpt)
+    im_end = model.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != 11
+    assert model.stop_id == 11 and model.stop_source == "config.json eos_token_id"
+    _edit_config(ckpt, eos_token_id=None)
+    fallback = load_model(ckpt)
+    assert fallback.stop_id == im_end and fallback.stop_source == "tokenizer '<|im_end|>'"
+    assert load_model(ckpt, eos_id=9).stop_source == "--eos-id"
+
+
 @pytest.mark.parametrize(
     "break_it, message",
     [

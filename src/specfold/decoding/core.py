@@ -86,9 +86,8 @@ class GenerationResult:
         return self.generated_tokens / self.nfe if self.nfe else float(self.generated_tokens)
 
     def to_dict(self) -> dict:
-        stats = self.engine_stats
-        out = asdict(replace(self, engine_stats={}))
-        out["engine_stats"] = stats.to_dict() if hasattr(stats, "to_dict") else dict(stats)
+        out = asdict(replace(self, engine_stats=FoldStats()))
+        out["engine_stats"] = self.engine_stats.to_dict()
         out["tokens_per_second"] = self.tokens_per_second
         out["tokens_per_forward"] = self.tokens_per_forward
         return out
@@ -217,16 +216,6 @@ def apply_pass(
     return PassOutcome(block, steps, accepted, stop_at, row_logits)
 
 
-def _accumulate(total: Any, stats: Any) -> Any:
-    """Sum a pass's verifier statistics into a request's total."""
-    if isinstance(stats, dict):  # dict-valued statistics: summed key by key
-        out = dict(total or {})
-        for key, value in stats.items():
-            out[key] = out.get(key, 0.0) + value
-        return out
-    return stats if total is None or total == {} else total + stats
-
-
 @dataclass
 class _Request:
     """One request's decoding state between passes."""
@@ -248,7 +237,7 @@ class _Request:
     accepted: int = 0
     boundary: int = 0
     capped: int = 0
-    engine_stats: Any = None
+    engine_stats: FoldStats = field(default_factory=FoldStats)
     ctx_logits: torch.Tensor | None = None  # [N, V] the logits that produced the block (None at a block start)
     emitted: int = 0
     stop_at: int | None = None
@@ -331,7 +320,7 @@ class Decoder:
             drafts = [self._draft(req) for req in reqs]
             for req, (states, _), (logits, stats) in zip(reqs, drafts, self._verify(reqs, drafts), strict=True):
                 req.nfe_denoise += 1
-                req.engine_stats = _accumulate(req.engine_stats, stats)
+                req.engine_stats = req.engine_stats + stats
                 self._apply(req, logits, states)
             self._settle(reqs, events)
         return events
@@ -363,7 +352,7 @@ class Decoder:
 
     def _verify(
         self, reqs: list[_Request], drafts: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> list[tuple[torch.Tensor, Any]]:
+    ) -> list[tuple[torch.Tensor, FoldStats]]:
         """One verification pass over every request's branches: per request, logits ``[K_r, N, V]`` and stats."""
         if len(reqs) == 1:
             # NOTE: one request runs the single-request pass over its slot's cache (no ragged masking or padding).
@@ -479,7 +468,7 @@ class Decoder:
             stopped=req.stop_at is not None and self.model.stop_id in generated,
             accepted_drafts=req.accepted,
             boundary_drafts=req.boundary,
-            engine_stats=req.engine_stats if req.engine_stats is not None else FoldStats(),
+            engine_stats=req.engine_stats,
             prefill_seconds=req.prefill_seconds,
             capped_blocks=req.capped,
         )
