@@ -153,3 +153,13 @@ def test_a_checkpoint_whose_argmax_is_the_mask_token_terminates(stuck_model, met
         assert res.generated_tokens == cfg.max_new_tokens and not res.stopped
         assert res.nfe_denoise <= cap * len(res.steps_per_block)
     assert [r.token_ids for r in one] == [r.token_ids for r in many]
+
+
+def test_non_finite_logits_stop_the_decode_with_one_line(tmp_path):
+    ckpt = write_random_checkpoint(tmp_path / "nan", "nld", seed=6, mask_token_id=300, eos_token_id=299)
+    model = load_model(ckpt, dtype="fp32")
+    model.net.layers[0].w_down.fill_(float("nan"))
+    cfg = DecodeConfig(max_new_tokens=8, block_size=8, small_block_size=None)
+    for run in (lambda: decode(model, [1, 2, 3], cfg), lambda: decode_batch(model, [[1, 2], [3, 4, 5]], cfg)):
+        with pytest.raises(ValueError, match=r"non-finite logits from .*nan in float32 \(request 0\)"):
+            run()

@@ -95,6 +95,8 @@ def test_stop_id_comes_from_the_config_eos_first_and_the_tokenizer_only_as_a_fal
             "lacks tensor 'model.layers.1.mlp.down_proj",
         ),
         (lambda p: _edit_config(p, mask_token_id=None), "cannot find the mask token"),
+        (lambda p: _edit_config(p, num_hidden_layers=1), "tensor 'model.layers.1.input_layernorm.weight' is not used"),
+        (lambda p: _edit_config(p, attention_bias=False), "tensor 'model.layers.0.self_attn.k_proj.bias' is not used"),
         (lambda p: _edit_config(p, num_key_value_heads=4), "not a multiple of num_key_value_heads"),
     ],
 )

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.unmasking import stop_reached, unmask_step
+from specfold.decoding.unmasking import rule_step, stop_reached
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.stats import FoldStats
 from specfold.model.cache import BatchCache
@@ -172,6 +172,10 @@ def cache_rows_needed(prompt_len: int, cfg: DecodeConfig) -> int:
     return prompt_len + cfg.max_new_tokens + 2 * cfg.block_size
 
 
+class NonFiniteLogits(ValueError):
+    """A pass produced NaN or infinite logits (broken weights, or an overflow in the chosen dtype)."""
+
+
 @dataclass
 class PassOutcome:
     """What one verification pass did to a block: the new state, rule applications, accepted drafts, the stop
@@ -201,12 +205,16 @@ def apply_pass(
     row = steps = accepted = 0
     while True:
         row_logits = logits[row]
-        block = unmask_step(row_logits, block, mask_id, cfg.small_block_size, cfg.threshold, rule)
+        block, conf = rule_step(row_logits, block, mask_id, cfg.small_block_size, cfg.threshold, rule)
         steps += 1
+        # NOTE: one host read for both: does the block still hold a mask, and were these logits finite
+        masked, finite = torch.stack([(block == mask_id).any(), torch.isfinite(conf).all()]).tolist()
+        if not finite:
+            raise NonFiniteLogits("the model produced non-finite logits")
         if observer is not None:
             observer.step(row_logits, block)
         stop_at = stop_reached(block, gen_start, mask_id, stop_id)
-        if stop_at is not None or steps >= budget or not bool((block == mask_id).any()) or states.shape[0] == 1:
+        if stop_at is not None or steps >= budget or not masked or states.shape[0] == 1:
             break
         match = (states == block).all(dim=-1).nonzero()
         if match.numel() == 0:
@@ -373,10 +381,16 @@ class Decoder:
     def _apply(self, req: _Request, logits: torch.Tensor, states: torch.Tensor) -> None:
         """Apply a pass's logits ``[K, N, V]`` (over branch states ``[K, N]``) to the request's block."""
         budget = self.rule.max_steps(req.cfg.block_size) - req.steps
-        out = apply_pass(
-            logits, states, req.block, req.gen_start, req.cfg, self.model.mask_id, self.model.stop_id, self.rule,
-            budget, req.observer,
-        )
+        try:
+            out = apply_pass(
+                logits, states, req.block, req.gen_start, req.cfg, self.model.mask_id, self.model.stop_id,
+                self.rule, budget, req.observer,
+            )
+        except NonFiniteLogits:
+            raise NonFiniteLogits(
+                f"non-finite logits from {self.model.path} in {str(self.model.net.dtype).removeprefix('torch.')} "
+                f"(request {req.request_id!r}): the weights hold NaN/inf or the dtype overflows; decoding stopped"
+            ) from None
         req.block, req.ctx_logits = out.block, out.logits
         req.steps += out.steps
         req.accepted += out.accepted

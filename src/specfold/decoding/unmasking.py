@@ -81,9 +81,21 @@ def unmask_step(
     rule: UnmaskRule = DEFAULT_RULE,
 ) -> torch.Tensor:
     """One application of the rule. Returns the next state ``[..., N]`` (a new tensor)."""
+    return rule_step(logits, state, mask_id, small_block_size, threshold, rule)[0]
+
+
+def rule_step(
+    logits: torch.Tensor,  # [..., N, V]
+    state: torch.Tensor,  # [..., N]
+    mask_id: int,
+    small_block_size: int | None,
+    threshold: float,
+    rule: UnmaskRule = DEFAULT_RULE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`unmask_step` that also returns the confidences it used ``[..., N]`` (non-finite ones flag bad logits)."""
     conf, top = confidence(logits, rule)
     chosen = select_unmask(conf, eligible_mask(state, mask_id, small_block_size), threshold, rule.inclusive)
-    return torch.where(chosen, top, state)
+    return torch.where(chosen, top, state), conf
 
 
 def stop_reached(state: torch.Tensor, gen_start: int, mask_id: int, stop_id: int | None) -> int | None:

@@ -119,20 +119,25 @@ def _head_keys(cfg: ModelConfig) -> list[str]:
 
 
 def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Map HF tensor names onto our fused parameters (checks presence; shapes are checked by the caller)."""
+    """Map HF tensor names onto our fused parameters. Every tensor must be used: a missing one, or one that
+    config.json does not account for (more layers than ``num_hidden_layers``, a stray module), is refused naming
+    the first; shapes are checked by :func:`build_model`."""
+    used: set[str] = set()
 
     def take(name: str) -> torch.Tensor:
         if name not in tensors:
             raise CheckpointError(f"checkpoint lacks tensor '{name}'")
+        used.add(name)
         return tensors[name]
 
     pre = _prefix(cfg)
     out = {"embed": take(pre + "embed_tokens.weight"), "final_norm": take(pre + "norm.weight")}
-    head = next((k for k in _head_keys(cfg) if k in tensors), None)
+    heads = [k for k in _head_keys(cfg) if k in tensors]
+    used.update(heads)  # a tied checkpoint may still carry a copy of the head
     if not cfg.tie_word_embeddings:
-        if head is None:
+        if not heads:
             raise CheckpointError(f"checkpoint lacks tensor '{_head_keys(cfg)[0]}' (tie_word_embeddings is false)")
-        out["head"] = tensors[head]
+        out["head"] = tensors[heads[0]]
     for i in range(cfg.num_layers):
         lp = f"{pre}layers.{i}."
         for ours, theirs in _LAYER_KEYS.items():
@@ -140,6 +145,12 @@ def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
                 continue
             parts = [take(lp + name) for name in theirs]
             out[f"layers.{i}.{ours}"] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    extra = sorted(k for k in tensors if k not in used and not k.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise CheckpointError(
+            f"checkpoint tensor '{extra[0]}' is not used by its config.json ({len(extra)} such tensors; "
+            f"num_hidden_layers {cfg.num_layers}, attention_bias {cfg.qkv_bias}): config and weights disagree"
+        )
     return out
 
 
