@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds for the whole load phase (default 600): requests still open then are cancelled and count "
         "as lost",
     )
+    g.add_argument(
+        "--max-retries", metavar="N", type=int, default=0,
+        help="the openai client's max_retries (default 0: a 429 counts as lost; 2 is the client's own default, "
+        "which waits as the server's Retry-After says)",
+    )
     s = p.add_argument_group("server and eval (the same settings for both)")
     s.add_argument("--max-batch", metavar="N", type=positive_int, default=8,
                    help="serve --max-batch and eval --batch-size (default 8)")
@@ -283,7 +288,7 @@ async def run_clients(args: argparse.Namespace, url: str, model: str, prompts: l
 
     limits = httpx.Limits(max_connections=args.clients + 4, max_keepalive_connections=args.clients + 4)
     async with AsyncOpenAI(
-        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout,
+        base_url=f"{url}/v1", api_key="unused", max_retries=args.max_retries, timeout=args.timeout,
         http_client=httpx.AsyncClient(limits=limits, timeout=args.timeout),
     ) as client:
         warm = Answer("warm-up", -1, time.perf_counter())

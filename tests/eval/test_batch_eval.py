@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+import pytest
 
 from specfold.api import load_model
 from specfold.config import MethodConfig
-from specfold.eval.harness import EvalPlan, record_key, run_eval
+from specfold.eval.harness import EvalPlan, read_records, record_key, run_eval
 
 
 def test_batched_eval_writes_the_batch_one_records(text_ckpt: Path):
@@ -26,15 +29,43 @@ def test_batched_eval_writes_the_batch_one_records(text_ckpt: Path):
 
 
 def test_batched_records_share_the_batch_wall_time(text_ckpt: Path):
-    """At batch R every record of one batch carries the same share of the batch's wall time (wall ÷ requests), its
-    own per-request seconds, and batch 1's tokens. (How fast that is belongs to ``specfold bench batch``.)"""
+    """At batch R the records' wall-time shares sum to the batch's decode time (each the time since the previous
+    request finished, split among those finishing together), each keeps its own per-request seconds and batch 1's
+    tokens. (How fast that is belongs to ``specfold bench batch``.)"""
     model = load_model(text_ckpt, dtype="fp64")
     kw = dict(limit=6, max_new_tokens=16, block_size=8, threshold=0.5)
     one = run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla")], **kw), None)
+    t0 = time.perf_counter()
     recs = run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla")], batch_size=3, **kw), None)
+    elapsed = time.perf_counter() - t0
     assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in one]
-    assert len({r["wall_seconds"] for r in recs}) == 1 and recs[0]["wall_seconds"] > 0  # one batch, one share
+    assert all(r["wall_seconds"] >= 0 for r in recs) and 0 < sum(r["wall_seconds"] for r in recs) < elapsed
+    assert sum(r["wall_seconds"] for r in recs) >= max(r["seconds"] for r in recs)  # the batch outlasts each request
     assert all(r["seconds"] > 0 for r in recs)
+
+
+def test_batched_eval_appends_each_record_as_its_request_finishes(text_ckpt: Path, tmp_path: Path):
+    """A kill in the middle of a batched eval keeps the records of the requests that had finished: each is on disk
+    before the next request ends (here: the file is read at every progress report), and a resume completes the set."""
+    model = load_model(text_ckpt, dtype="fp64")
+    kw = dict(limit=6, max_new_tokens=16, block_size=8, threshold=0.5, batch_size=3)
+    out = tmp_path / "batched.jsonl"
+    seen: list[int] = []
+
+    class Killed(Exception):
+        pass
+
+    def watch(p) -> None:
+        seen.append(len(read_records(out)))
+        if p.done == 4:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla")], **kw), out, watch)
+    assert seen == [1, 2, 3, 4]  # written one by one, not after the whole decode
+    assert len(read_records(out)) == 4
+    full = run_eval(model, EvalPlan(["synth-math"], [MethodConfig("vanilla")], **kw), out)
+    assert len(read_records(out)) == 6 == len({record_key(r) for r in read_records(out)}) == len(full)
 
 
 def test_summary_counts_the_batch_wall_time_once():

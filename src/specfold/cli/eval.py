@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specfold.eval.harness import EvalPlan, format_table, run_eval, summarize
+    from specfold.eval.harness import EvalPlan, check_plan, format_table, run_eval, summarize
+    from specfold.eval.records import check_records_output
 
     specs = [
         method_config(args, name, delta=d)
@@ -96,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         chat=not args.no_chat,
         batch_size=args.batch_size,
     )
+    check_plan(plan)  # before loading: a task or method twice, a shard outside the shards
+    if out is not None:
+        check_records_output(out)  # anything but eval records is refused here, the file unchanged
     model = load_from_args(args)
     bar = None
 

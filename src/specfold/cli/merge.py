@@ -31,13 +31,16 @@ def run(args: argparse.Namespace) -> int:
     report = merge_records([Path(p) for p in args.records])
     out = write_records(report.records, Path(args.out))
     info = report.to_dict(out)
+    for note in report.notes:
+        print(f"specfold: warning: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(info))
     else:
         n_in = sum(report.inputs.values())
         print(
             f"merged {n_in} records from {len(report.inputs)} files into {len(report.records)} "
-            f"({report.duplicates} duplicates, {len(report.conflicts)} conflicts) -> {out}"
+            f"({report.duplicates} duplicates, {len(report.conflicts)} conflicts, "
+            f"{sum(report.skipped.values())} lines skipped) -> {out}"
         )
         for c in report.conflicts:
             print(

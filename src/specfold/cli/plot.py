@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,15 +25,19 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from specfold.cli.common import check_figure_out
-    from specfold.eval.harness import read_records
     from specfold.eval.plots import plot_sweep
+    from specfold.eval.records import scan_records
 
     check_figure_out(args.out)
-    records = []
+    records, skipped = [], 0
     for path in args.records:
         if not Path(path).is_file():
             raise FileNotFoundError(f"no records file {path}")
-        records += read_records(Path(path))
+        scan = scan_records(Path(path))
+        records += scan.records
+        if (note := scan.describe(path)) is not None:
+            skipped += len(scan.corrupt) + scan.torn
+            print(f"specfold: warning: {note}", file=sys.stderr)
     out = plot_sweep(records, args.kind, Path(args.out), args.title)
-    print(json.dumps({"figure": str(out), "kind": args.kind, "records": len(records)}))
+    print(json.dumps({"figure": str(out), "kind": args.kind, "records": len(records), "skipped_lines": skipped}))
     return 0

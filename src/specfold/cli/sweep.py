@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("a delta sweep varies delta itself; use --grid to choose the values")
     out = Path(args.out or f"sweep_{args.kind}.jsonl")
     check_outputs(("--out", out))
+    from specfold.eval.records import check_records_output
+
+    check_records_output(out)  # anything but eval records is refused here, the file unchanged
     if args.grid is not None:
         check_grid(args.kind, args.grid)
     model = load_from_args(args)

@@ -23,13 +23,19 @@ from typing import Any, Protocol
 
 from specfold.api import Method, decode_config_for, encode_prompt, prepare_method
 from specfold.config import DecodeConfig, MethodConfig
-from specfold.decoding.core import GenerationResult
-from specfold.decoding.decoder import decode, decode_batch
+from specfold.decoding.core import BatchRequest, Decoder, GenerationResult, cache_rows_needed, check_prompt
+from specfold.decoding.decoder import decode
 from specfold.eval.provenance import check_resume, graph_hash, run_provenance, sample_hash
-from specfold.io import atomic_write_text, check_output_path
+from specfold.eval.records import RecordsWriter, read_records, repair_tail
+from specfold.io import check_output_path
 from specfold.model.loading import LoadedModel
 
 SYNTHETIC_PREFIX = "synth-"
+
+__all__ = [
+    "EvalPlan", "Progress", "format_table", "load_task", "read_records", "record_key", "repair_tail", "run_eval",
+    "summarize",
+]
 
 
 class EvalSample(Protocol):
@@ -67,37 +73,6 @@ def _key(task: str, spec: MethodConfig, sample: Any) -> str:
     return record_key({"task": task, "method": spec.method.value, "params": spec.params, "sample_id": sample.sample_id})
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Records of an earlier run; a torn last line (killed mid-write) is ignored."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def repair_tail(path: Path) -> None:
-    """Cut a torn last line (a run killed mid-write) so that appended records start on a line of their own;
-    without this the first new record would be glued to the fragment and lost on the next read."""
-    if not path.is_file():
-        return
-    with open(path, "rb+") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        if size == 0:
-            return
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return
-        f.seek(0)
-        data = f.read()
-        f.truncate(data.rfind(b"\n") + 1)
-
-
 @dataclass
 class EvalPlan:
     tasks: Sequence[str]
@@ -124,6 +99,17 @@ class Progress:
     tokens_per_second: dict[str, float] = field(default_factory=dict)
 
 
+def check_plan(plan: EvalPlan) -> None:
+    """ValueError for a plan that would write a record twice (a task or method listed twice) or names no shard."""
+    if not 0 <= plan.shard_id < plan.num_shards:
+        raise ValueError(f"shard id {plan.shard_id} is outside 0..{plan.num_shards - 1}")
+    for what, items in (("task", list(plan.tasks)), ("method", list(plan.methods))):
+        twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
+        if twice is not None:
+            name = twice.label if isinstance(twice, MethodConfig) else twice
+            raise ValueError(f"{what} {name!r} is listed twice; it would write every record twice")
+
+
 def run_eval(
     model: LoadedModel,
     plan: EvalPlan,
@@ -133,11 +119,12 @@ def run_eval(
 ) -> list[dict[str, Any]]:
     """Evaluate; append new records to ``out`` (resuming), and return all records of this plan (old and new).
 
-    Every record carries its provenance (:mod:`specfold.eval.provenance`); an ``out`` holding records made with
-    other settings is refused (:class:`~specfold.eval.provenance.ProvenanceMismatch`) unless ``overwrite``, which
-    starts ``out`` afresh."""
-    if not 0 <= plan.shard_id < plan.num_shards:
-        raise ValueError(f"shard id {plan.shard_id} is outside 0..{plan.num_shards - 1}")
+    ``out`` is held by this run alone (an advisory lock: a second writer is refused) and must hold eval records
+    only: anything else is refused before the file changes (:class:`~specfold.eval.records.RecordsWriter`). Every
+    record carries its provenance (:mod:`specfold.eval.provenance`); an ``out`` holding records made with other
+    settings is refused (:class:`~specfold.eval.provenance.ProvenanceMismatch`) unless ``overwrite``, which starts
+    ``out`` afresh. Each record is appended as soon as its request finishes, at batch 1 and in a batch."""
+    check_plan(plan)
     if out is not None:
         check_output_path(out)
     cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size)
@@ -155,43 +142,42 @@ def run_eval(
         _key(task, spec, sample): {"graph_hash": graph_hash(prepared[spec].graph), "task_data": sample_hash(sample)}
         for task, sample, spec in work
     }
-    if out is not None:
-        if overwrite:
-            atomic_write_text(out, "")
-        repair_tail(out)
-    existing = read_records(out) if out is not None else []
-    if out is not None:
-        check_resume(out, existing, run_fields, items, record_key)
-    done = {record_key(r): r for r in existing}
-    _warm_up(model, cfg, prepared.values())
-    batched = _decode_batched(model, cfg, plan, prepared, work, done)
-    results: list[dict[str, Any]] = []
-    totals: dict[str, list[float]] = {}
-    handle = open(out, "a") if out is not None else None
+    writer = RecordsWriter(out, overwrite).open() if out is not None else None
     try:
-        for n, (task, sample, spec) in enumerate(work):
-            key = _key(task, spec, sample)
-            if key in done:
-                results.append(done[key])
-            else:
-                rec = _run_one(
-                    model, cfg, prepared[spec], spec, task, sample, sources[task].score, plan.chat, batched.get(key)
-                )
-                rec["provenance"] = {**run_fields, **items[key]}
-                results.append(rec)
-                if handle is not None:
-                    handle.write(json.dumps(rec) + "\n")
-                    handle.flush()
-                tot = totals.setdefault(spec.label, [0.0, 0.0])
-                tot[0] += rec["generated_tokens"]
-                tot[1] += rec["seconds"]
+        if writer is not None:
+            check_resume(out, writer.existing, run_fields, items, record_key)
+        done = {record_key(r): r for r in (writer.existing if writer is not None else [])}
+        _warm_up(model, cfg, prepared.values())
+        totals: dict[str, list[float]] = {}
+        finished = [sum(_key(task, spec, sample) in done for task, sample, spec in work)]
+
+        def keep(key: str, spec: MethodConfig, rec: dict[str, Any]) -> None:
+            rec["provenance"] = {**run_fields, **items[key]}
+            done[key] = rec
+            if writer is not None:
+                writer.append(rec)
+            tot = totals.setdefault(spec.label, [0.0, 0.0])
+            tot[0] += rec["generated_tokens"]
+            tot[1] += rec["wall_seconds"]
+            finished[0] += 1
             if progress is not None:
                 tps = {k: (v[0] / v[1] if v[1] else 0.0) for k, v in totals.items()}
-                progress(Progress(n + 1, len(work), spec.label, tps))
+                progress(Progress(finished[0], len(work), spec.label, tps))
+
+        def batched(key: str, task: str, sample: Any, spec: MethodConfig, result: GenerationResult, wall: float):
+            score = sources[task].score
+            keep(key, spec, _run_one(model, cfg, prepared[spec], spec, task, sample, score, plan.chat, (result, wall)))
+
+        _decode_batched(model, cfg, plan, prepared, work, done, batched)
+        for task, sample, spec in work:  # batch 1 (a batch has decoded its requests already)
+            key = _key(task, spec, sample)
+            if key not in done:
+                rec = _run_one(model, cfg, prepared[spec], spec, task, sample, sources[task].score, plan.chat)
+                keep(key, spec, rec)
+        return [done[_key(task, spec, sample)] for task, sample, spec in work]
     finally:
-        if handle is not None:
-            handle.close()
-    return results
+        if writer is not None:
+            writer.close()
 
 
 def _warm_up(model: LoadedModel, cfg: DecodeConfig, methods: Iterable[Method]) -> None:
@@ -209,28 +195,35 @@ def _warm_up(model: LoadedModel, cfg: DecodeConfig, methods: Iterable[Method]) -
 
 
 def _decode_batched(
-    model, cfg, plan: EvalPlan, prepared, work, done
-) -> dict[str, tuple[GenerationResult, float]]:
-    """With ``plan.batch_size > 1``: the pending samples of each method decoded through one continuous batch,
-    keyed by record key (the records are written in the usual order afterwards), each with its share of the
-    batch's wall-clock seconds (wall time ÷ requests)."""
+    model, cfg, plan: EvalPlan, prepared, work, done, on_result: Callable[..., None]
+) -> None:
+    """With ``plan.batch_size > 1``: the pending samples of each method decoded through one continuous batch
+    (:class:`~specfold.decoding.core.Decoder`), each handed to ``on_result(key, task, sample, spec, result, wall)``
+    as soon as it finishes, so that a kill loses only the requests still in the batch. ``wall``: the batch's
+    wall-clock seconds since the previous request(s) finished, split among the requests finishing in this step, so
+    that the shares sum to the batch's decode time (``on_result``'s own time, scoring and writing, left out)."""
     if plan.batch_size <= 1:
-        return {}
-    out: dict[str, GenerationResult] = {}
+        return
     for spec, method in prepared.items():
-        keys, prompts = [], []
-        for task, sample, s in work:
-            key = _key(task, s, sample)
-            if s == spec and key not in done:
-                keys.append(key)
-                prompts.append(encode_prompt(model, sample.prompt, plan.chat))
-        if not prompts:
+        pending = [(_key(task, s, sample), task, sample) for task, sample, s in work if s == spec]
+        pending = [p for p in pending if p[0] not in done]
+        if not pending:
             continue
-        t0 = time.perf_counter()
-        results = decode_batch(model, prompts, cfg, method, max_batch=plan.batch_size)
-        share = (time.perf_counter() - t0) / len(prompts)
-        out.update((k, (r, share)) for k, r in zip(keys, results, strict=True))
-    return out
+        prompts = [check_prompt(model, encode_prompt(model, sample.prompt, plan.chat), cfg) for _, _, sample in pending]
+        capacity = max(cache_rows_needed(p.numel(), cfg) for p in prompts)
+        decoder = Decoder(model, cfg, method, min(plan.batch_size, len(prompts)), capacity=capacity)
+        for i, prompt in enumerate(prompts):
+            decoder.submit(BatchRequest(i, prompt))
+        last = time.perf_counter()
+        while not decoder.idle:
+            ended = [e for e in decoder.step() if e.result is not None]
+            if not ended:
+                continue
+            share = (time.perf_counter() - last) / len(ended)
+            for event in ended:
+                key, task, sample = pending[event.request_id]
+                on_result(key, task, sample, spec, event.result, share)
+            last = time.perf_counter()
 
 
 def _run_one(

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfold.eval.harness import read_records, record_key
+from specfold.eval.harness import record_key
+from specfold.eval.records import scan_records
 from specfold.io import atomic_write_text
 
 # What must agree between two records of one key (timing fields such as ``seconds`` may differ).
@@ -32,6 +33,8 @@ class MergeReport:
     inputs: dict[str, int] = field(default_factory=dict)  # path -> records read
     duplicates: int = 0  # repeated keys with the same outcome
     conflicts: list[dict[str, Any]] = field(default_factory=list)  # repeated keys with different outcomes
+    skipped: dict[str, int] = field(default_factory=dict)  # path -> lines that were not records (corrupt, torn)
+    notes: list[str] = field(default_factory=list)  # one line per input with skipped lines
 
     def to_dict(self, out: Path | None = None) -> dict[str, Any]:
         return {
@@ -40,11 +43,13 @@ class MergeReport:
             "records": len(self.records),
             "duplicates": self.duplicates,
             "conflicts": self.conflicts,
+            "skipped_lines": self.skipped,
         }
 
 
 def merge_records(paths: Sequence[Path]) -> MergeReport:
-    """Union of the records in ``paths`` by key; a torn last line in any input is ignored (as on resume)."""
+    """Union of the records in ``paths`` by key; lines that are not records (corrupt, or a torn last line) are left
+    out and counted per input (``skipped``, ``notes``)."""
     if not paths:
         raise ValueError("nothing to merge: give at least one records file")
     kept: dict[str, tuple[dict[str, Any], str]] = {}
@@ -52,8 +57,12 @@ def merge_records(paths: Sequence[Path]) -> MergeReport:
     for path in paths:
         if not Path(path).is_file():
             raise FileNotFoundError(f"no records file {path}")
-        recs = read_records(Path(path))
+        scan = scan_records(Path(path))
+        recs = scan.records
         report.inputs[str(path)] = len(recs)
+        if scan.corrupt or scan.torn:
+            report.skipped[str(path)] = len(scan.corrupt) + scan.torn
+            report.notes.append(scan.describe(path))
         for rec in recs:
             key = record_key(rec)
             if key not in kept:
