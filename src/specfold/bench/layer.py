@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from specfold.bench.shapes import SHAPES, LayerShape  # noqa: F401  (the one table of shapes; re-exported)
 from specfold.bench.timing import interleaved
 from specfold.config import ModelConfig, RopeConfig
 from specfold.engine.cost import LayerCost, measure_machine
@@ -45,25 +46,6 @@ from specfold.engine.plan import correction_plan, gate_and_compact
 from specfold.model.attention import attend
 from specfold.model.rope import Rotary
 from specfold.model.transformer import Layer
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    qkv_bias: bool
-    vocab: int
-    layers: int
-
-
-SHAPES: dict[str, LayerShape] = {
-    "fast-dllm-v2-1.5b": LayerShape(1536, 12, 2, 128, 8960, True, 151936, 28),
-    "nld-3b": LayerShape(3072, 32, 8, 128, 9216, False, 131072, 26),
-    "nld-8b": LayerShape(4096, 32, 8, 128, 14336, False, 131072, 34),  # published NLD-8B config.json
-}
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""``specfold bench layer`` (one dense vs one folded layer at real shapes) and ``specfold bench pass`` (one whole
-verification pass, dense vs folded, with a per-part breakdown)."""
+"""``specfold bench layer`` (one dense vs one folded layer at real shapes), ``specfold bench pass`` (one whole
+verification pass, dense vs folded, with a per-part breakdown), ``specfold bench batch`` (batched decoding) and
+``specfold bench kernels --compile-only`` (every Triton kernel compiled for sm_80 / sm_90, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from specfold.model.loading import DTYPES
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="benchmarks (bench layer, bench pass, bench batch)",
+        help="benchmarks (bench layer, bench pass, bench batch, bench kernels)",
         description="Benchmarks; `specfold bench layer` times one dense vs one folded layer, "
-        "`specfold bench pass` one whole verification pass, `specfold bench batch` batched decoding.",
+        "`specfold bench pass` one whole verification pass, `specfold bench batch` batched decoding, "
+        "`specfold bench kernels --compile-only` compiles every Triton kernel for a GPU target.",
     )
     bench_sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH", parser_class=Parser)
     p = bench_sub.add_parser(
@@ -107,6 +109,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=1, help="interleaved rounds of the grid (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per grid point")
     p.set_defaults(func=run_batch)
+
+    p = bench_sub.add_parser(
+        "kernels",
+        help="compile every Triton kernel for sm_80 / sm_90 at the real shapes (no GPU needed)",
+        description="Compile check of the Triton backend, without a GPU: the folded layer is run on meta tensors at "
+        "each --shape and --dtype (draft branches B = 7, block 32, prefix 512), every kernel launch is recorded "
+        "with the tile sizes, warps and stages its launcher picks, and compiled for each --arch with the ptxas "
+        "bundled in the triton wheel. Reports registers, spill bytes and shared memory per (kernel, shape, dtype, "
+        "arch) and flags what breaks a limit (shared memory over the per-block maximum: A100 163 KiB, H100 227 "
+        "KiB; registers over a block's 64 Ki; any spill). Exit status 1 when something fails to compile or breaks "
+        "a limit. TRITON_INTERPRET must be unset. Example: specfold bench kernels --compile-only --arch "
+        "sm_80,sm_90 --shape nld-8b --dtype bf16 --json",
+    )
+    p.add_argument("--compile-only", action="store_true", required=True,
+                   help="compile, do not run (the only mode so far; required)")
+    p.add_argument("--arch", type=_name_list, default=None, help="sm_80, sm_90 (comma-separated; default both)")
+    p.add_argument("--shape", type=_name_list, default=None,
+                   help="fast-dllm-v2-1.5b, fast-dllm-v2-7b, nld-3b, nld-8b, nld-14b (comma-separated; default all)")
+    p.add_argument("--dtype", type=_name_list, default=None,
+                   help="bf16, fp32, fp16 (comma-separated; default bf16,fp32)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per line: kernel, shape, dtype, arch, compiled, error, registers, spills "
+                   "(bytes of spill stores), shared_bytes, num_warps, num_stages, and tiles, grid, violations")
+    p.set_defaults(func=run_kernels)
+
+
+def _name_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise UsageError("bench kernels compiles for a GPU target: unset TRITON_INTERPRET (the interpreter compiles "
+                         "nothing)")
+    from specfold.bench.kernels import compile_kernels, violations
+
+    try:
+        results = compile_kernels(args.shape, args.dtype, args.arch)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    bad = 0
+    if not args.json:
+        print(f"{'kernel':<24}{'shape':<19}{'dtype':<6}{'arch':<7}{'regs':>5}{'spills':>7}{'shared KiB':>11}"
+              f"{'warps':>6}{'stages':>7}  tiles / problems")
+    for r in results:
+        problems = violations(r)
+        bad += bool(problems)
+        if args.json:
+            print(json.dumps({**r.as_dict(), "violations": problems}), flush=True)
+            continue
+        regs = "-" if r.registers is None else r.registers
+        spills = "-" if r.spills is None else r.spills
+        shared = "-" if r.shared_bytes is None else f"{r.shared_bytes / 1024:.1f}"
+        tiles = " ".join(f"{k}={v}" for k, v in r.tiles.items())
+        print(f"{r.kernel:<24}{r.shape:<19}{r.dtype:<6}{r.arch:<7}{regs:>5}{spills:>7}{shared:>11}{r.num_warps:>6}"
+              f"{r.num_stages:>7}  {tiles}" + "".join(f"\n    ! {p}" for p in problems), flush=True)
+    if bad and not args.json:
+        print(f"{bad} kernel compile(s) failed or broke a limit", flush=True)
+    return 1 if bad else 0
 
 
 def run_pass(args: argparse.Namespace) -> int:

@@ -1,4 +1,10 @@
-"""Helpers shared by the kernel launchers: argument checks, block-size choice, and the dot product policy.
+"""Helpers shared by the kernel launchers: argument checks, the launch configuration, and the dot product policy.
+
+Launch configuration: every launcher asks its op's ``<op>_config(...)`` (in the op's module) for a
+:class:`LaunchConfig` — grid, tile constexprs, ``num_warps``, ``num_stages`` — and starts the kernel through
+:func:`launch`. ``specfold bench kernels --compile-only`` (:mod:`specfold.bench.kernels`) runs the same launchers
+on ``meta`` tensors under :func:`capture_launches`, which records each launch instead of running it and compiles
+it for a GPU target: the compile check sees exactly the configuration a GPU run would use.
 
 Dot policy (``NATIVE_DOT``): on a GPU, bf16/fp16 tiles go to ``tl.dot`` as they are (fp32 accumulation, as
 cuBLAS/FlashAttention do); fp32 tiles use ``input_precision="ieee"`` (no TF32, so fp32 models stay fp32-exact).
@@ -9,7 +15,11 @@ fp32-accumulating MMA up to the accumulation's rounding.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
@@ -47,12 +57,64 @@ def check_device(*tensors: torch.Tensor | None) -> None:
     devices = {t.device for t in tensors if t is not None}
     check(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
     dev = next(iter(devices))
-    if dev.type != "cuda":
+    if dev.type == "meta":
+        check(_CAPTURED is not None, "meta tensors are only accepted under capture_launches() (the compile check)")
+    elif dev.type != "cuda":
         check(interpreting(), f"tensors on {dev} need TRITON_INTERPRET=1 (set before importing the kernels)")
 
 
 def pow2(x: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(x)))
+
+
+# Triton's defaults; a config names its own where a kernel needs other values.
+DEFAULT_WARPS = 4
+DEFAULT_STAGES = 3
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What a launcher picks for one launch: the grid, the tile constexprs (block sizes), warps and pipeline stages.
+    Shape-derived constexprs that are not a choice (head counts, padded head dim, flags) stay in the launcher."""
+
+    grid: tuple[int, ...]
+    tiles: dict[str, int] = field(default_factory=dict)
+    num_warps: int = DEFAULT_WARPS
+    num_stages: int = DEFAULT_STAGES
+
+
+@dataclass
+class Launch:
+    """One recorded launch (:func:`capture_launches`): the kernel and the exact arguments the launcher passed."""
+
+    kernel: Any  # triton JITFunction
+    config: LaunchConfig
+    args: tuple
+    constexprs: dict[str, Any]
+
+
+_CAPTURED: list[Launch] | None = None
+
+
+@contextlib.contextmanager
+def capture_launches() -> Iterator[list[Launch]]:
+    """Record every :func:`launch` in the block instead of running it; launchers then accept ``meta`` tensors (their
+    outputs are ``meta`` too). The compile check's way to see what a layer launches at a shape without a GPU."""
+    global _CAPTURED
+    before, _CAPTURED = _CAPTURED, []
+    try:
+        yield _CAPTURED
+    finally:
+        _CAPTURED = before
+
+
+def launch(kernel, cfg: LaunchConfig, *args, **constexprs) -> None:
+    """``kernel[cfg.grid](*args, **cfg.tiles, **constexprs)`` with the config's warps and stages (or, under
+    :func:`capture_launches`, the record of it)."""
+    if _CAPTURED is not None:
+        _CAPTURED.append(Launch(kernel, cfg, args, {**cfg.tiles, **constexprs}))
+        return
+    kernel[cfg.grid](*args, **cfg.tiles, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 # NOTE: the interpreter's dot is a BLAS call whose rounding can depend on a row's place in the tile; on a GPU every

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from specfold.engine.kernels._common import (
     SUPPORTED_DTYPES,
+    LaunchConfig,
     cast,
     check,
     check_device,
@@ -31,6 +32,7 @@ from specfold.engine.kernels._common import (
     check_tensor,
     dot,
     fix_rounding,
+    launch,
     native_dot,
     pow2,
 )
@@ -121,6 +123,20 @@ def _attend_rows_kernel(
     tl.store(o_ptr + (orow * HQ + head)[:, None] * D + offs_d[None, :], o, mask=valid[:, None] & md[None, :])
 
 
+def attention_config(k: int, n: int, kv_heads: int, group: int, d: int, dtype: torch.dtype) -> LaunchConfig:
+    """Grid ``(K, ⌈N / BLOCK_M⌉, Hkv)``: ``BLOCK_M`` rows × the ``G`` group heads per program, keys in tiles of
+    ``BLOCK_N``."""
+    g_p = pow2(group)
+    # NOTE: rows × group heads form the MMA's M dim (≥ 16); keys stream in tiles of 64 (32 for D > 64 to bound
+    # registers). The block part is at most N keys, so the prefix dominates for P ≫ N. M = 64 (32 for fp32 tiles,
+    # whose dots are FMA loops with register operands) keeps the [M, D] fp32 accumulator and the query tile in
+    # registers at D = 128 with 4 warps: M = 128 spilled (`specfold bench kernels --compile-only`).
+    rows = 64 if dtype in (torch.bfloat16, torch.float16) else 32
+    block_m = max(pow2(16 // g_p), min(pow2(n), rows // g_p))
+    block_n = 64 if d <= 64 else 32
+    return LaunchConfig(grid=(k, triton.cdiv(n, block_m), kv_heads), tiles={"BLOCK_M": block_m, "BLOCK_N": block_n})
+
+
 def attend_rows(
     q: torch.Tensor,  # [Rq, Hq, D] RoPE'd, query-scaled query pool
     qrow: torch.Tensor,  # [K, N] int: query pool row of (branch, position)
@@ -186,21 +202,17 @@ def attend_rows(
     z = torch.empty(out_rows, hq, dtype=torch.float32, device=dev)
     o = torch.empty(out_rows, hq, d, dtype=torch.float32, device=dev)
     g = hq // hkv
-    g_p = pow2(g)
-    # NOTE: rows × group heads form the MMA's M dim (≥ 16); keys stream in tiles of 64 (32 for D > 64 to bound
-    # registers). The block part is at most N keys, so the prefix dominates for P ≫ N.
-    block_m = max(pow2(16 // g_p), min(pow2(n), 128 // g_p))
-    block_n = 64 if d <= 64 else 32
     pk, pv = (prefix_k, prefix_v) if has_prefix else (q, q)
     plen = prefix_k.shape[-2] if has_prefix else 0
-    _attend_rows_kernel[(k, triton.cdiv(n, block_m), hkv)](
+    launch(
+        _attend_rows_kernel, attention_config(k, n, hkv, g, d, q.dtype),
         q, qrow.contiguous(), lists.contiguous(), counts.contiguous(), orow.contiguous(), table.contiguous(),
         prefix_len if prefix_len is not None else counts, pk, pv, pool_k, pool_v, m, z, o,
         n, plen, k // reqs, 0 if prefix_len is None or prefix_len.shape[0] == 1 else 1, float(scale), q.stride(0),
         q.stride(1),
         *strides(prefix_k if has_prefix else None), *strides(prefix_v if has_prefix else None),
         pool_k.stride(0), pool_k.stride(1), pool_v.stride(0), pool_v.stride(1),
-        HQ=hq, G=g, G_P=g_p, D=d, D_P=pow2(d, 16), BLOCK_M=block_m, BLOCK_N=block_n,
+        HQ=hq, G=g, G_P=pow2(g), D=d, D_P=pow2(d, 16),
         HAS_PREFIX=has_prefix, HAS_PLEN=prefix_len is not None, NATIVE=native_dot(q.dtype), FIX=fix_rounding(q.dtype),
     )
     return AttnState(m=m, z=z, o=o)

@@ -29,15 +29,33 @@ import triton.language as tl
 
 from specfold.engine.kernels._common import (
     SUPPORTED_DTYPES,
+    LaunchConfig,
     check,
     check_device,
     check_inner_contiguous,
     check_tensor,
     dot,
+    launch,
     native_dot,
     pow2,
 )
 from specfold.engine.reference import FoldCorrection
+
+
+@triton.jit
+def _scores(q_ptr, q_off, q_mask, k_ptr, k_off, k_mask, D, D_P: tl.constexpr, BLOCK_D: tl.constexpr,
+            M: tl.constexpr, N_P: tl.constexpr, NATIVE: tl.constexpr):
+    """``q · kᵀ`` ``[M, N_P]`` fp32 for query rows at element offsets ``q_off [M]`` and key rows at ``k_off [N_P]``,
+    over the head dim in chunks of ``BLOCK_D``. NOTE: chunked so that an fp32 (FMA) dot holds ``BLOCK_D``, not
+    ``D``, operand columns per thread: the whole-``D`` dot spilled kilobytes at D = 128 (compile check)."""
+    s = tl.zeros([M, N_P], dtype=tl.float32)
+    for d0 in tl.static_range(0, D_P, BLOCK_D):
+        od = d0 + tl.arange(0, BLOCK_D)
+        md = od < D
+        qc = tl.load(q_ptr + q_off[:, None] + od[None, :], mask=q_mask[:, None] & md[None, :], other=0.0)
+        kc = tl.load(k_ptr + k_off[None, :] + od[:, None], mask=k_mask[None, :] & md[:, None], other=0.0)
+        s += dot(qc, kc, NATIVE)
+    return s
 
 
 @triton.jit
@@ -47,7 +65,7 @@ def _correct_folded_kernel(
     N, HKV, scale, guard,
     stride_qr, stride_kr, stride_kh, stride_vr, stride_vh,
     HQ: tl.constexpr, G: tl.constexpr, G_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
-    N_P: tl.constexpr, BLOCK_R: tl.constexpr, NATIVE: tl.constexpr,
+    N_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE: tl.constexpr,
 ):
     i = tl.program_id(0)
     if tl.load(par_ptr + i) < 0:  # a main branch (a root) never folds
@@ -74,15 +92,12 @@ def _correct_folded_kernel(
     hit = tl.zeros([BLOCK_R * G_P], dtype=tl.int32)
     for hk in range(HKV):
         head = hk * G + g
-        q = tl.load(q_ptr + srow[:, None] * stride_qr + head[:, None] * D + offs_d[None, :],
-                    mask=live[:, None] & md[None, :], other=0.0)
-        k_i = tl.load(kp_ptr + ti[None, :] * stride_kr + hk * stride_kh + offs_d[:, None],
-                      mask=mp[None, :] & md[:, None], other=0.0)
-        s_new = tl.where(dl, dot(q, k_i, NATIVE) * scale, float("-inf"))  # s'_p on Δ
+        q_off = srow * stride_qr + head * D  # [M] the tile rows' queries (their source's pool rows)
+        s_new = _scores(q_ptr, q_off, live, kp_ptr, ti * stride_kr + hk * stride_kh, mp, D, D_P, BLOCK_D,
+                        BLOCK_R * G_P, N_P, NATIVE)
+        s_new = tl.where(dl, s_new * scale, float("-inf"))  # s'_p on Δ
         m = tl.load(m_ptr + srow * HQ + head, mask=live, other=0.0)
         z = tl.load(z_ptr + srow * HQ + head, mask=live, other=1.0)
-        o = tl.load(o_ptr + (srow * HQ + head)[:, None] * D + offs_d[None, :], mask=live[:, None] & md[None, :],
-                    other=0.0)
         m_new = tl.maximum(m, tl.max(s_new, axis=1))
         kept = tl.exp(m - m_new) * z
         e_add = tl.exp(s_new - m_new[:, None])
@@ -92,21 +107,25 @@ def _correct_folded_kernel(
         removed = tl.zeros([BLOCK_R * G_P], dtype=tl.float32)
         # Walk the fold chain of i: every source is a strict ancestor, and the ancestor b's keys serve the tile
         # rows whose source is b (s_p = q·k_a[p] on Δ).
-        b = i
+        b = i.to(tl.int64)  # parents are int64: the loop-carried branch keeps one type (a GPU compile needs it)
         nb = tl.load(par_ptr + b)
         while nb >= 0:  # up to the root (the main branch of i's request)
             b = nb
             nb = tl.load(par_ptr + b)
             tb = tl.load(table_ptr + b * N + offs_p, mask=mp, other=0).to(tl.int64)
-            k_b = tl.load(kp_ptr + tb[None, :] * stride_kr + hk * stride_kh + offs_d[:, None],
-                          mask=mp[None, :] & md[:, None], other=0.0)
+            s_old = _scores(q_ptr, q_off, live, kp_ptr, tb * stride_kr + hk * stride_kh, mp, D, D_P, BLOCK_D,
+                            BLOCK_R * G_P, N_P, NATIVE)
             sel = dl & (a == b)[:, None]
-            e_rem = tl.where(sel, tl.exp(dot(q, k_b, NATIVE) * scale - m_new[:, None]), 0.0)
+            e_rem = tl.where(sel, tl.exp(s_old * scale - m_new[:, None]), 0.0)
             v_b = tl.load(vp_ptr + tb[:, None] * stride_vr + hk * stride_vh + offs_d[None, :],
                           mask=mp[:, None] & md[None, :], other=0.0)
             removed += tl.sum(e_rem, axis=1)
             dv -= dot(e_rem, v_b, False)
         z_new = kept - removed + tl.sum(e_add, axis=1)
+        # NOTE: the source's O is read only now, not beside m and Z: one [M, D] fp32 tile fewer live in registers
+        # through the chain walk (the compile check saw spills otherwise)
+        o = tl.load(o_ptr + (srow * HQ + head)[:, None] * D + offs_d[None, :], mask=live[:, None] & md[None, :],
+                    other=0.0)
         o_new = (kept[:, None] * o + dv) / tl.where(live, z_new, 1.0)[:, None]
         hit = tl.maximum(hit, (live & (removed >= guard * kept)).to(tl.int32))
         tl.store(mo_ptr + f * HQ + head, m_new, mask=live)
@@ -117,6 +136,20 @@ def _correct_folded_kernel(
     has_row = tl.max(tl.reshape(has.to(tl.int32), [BLOCK_R, G_P]), axis=1)
     n_row = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     tl.store(flag_ptr + i * N + n_row, (1 + hit_row).to(tl.int8), mask=(has_row > 0) & (n_row < N))
+
+
+def correction_config(k: int, n: int, group: int, d: int) -> LaunchConfig:
+    """Grid ``(K, ⌈N / BLOCK_R⌉)``: ``BLOCK_R`` positions of one branch × the group heads of a kv head per tile."""
+    g_p = pow2(group)
+    # NOTE: a program takes BLOCK_R positions of one branch × the group heads of a kv head as its M dim (≥ 16,
+    # the MMA minimum): the branch's block keys are shared by the tile, and each ancestor on the fold chain is
+    # one more [M, N] score tile. Kv heads loop inside, so the guard's "any head" stays program-local. The signed
+    # P·V sums are fp32 FMA dots whose operands sit in registers: M = 16 rows over 8 warps, and scores in head-dim
+    # chunks of BLOCK_D, hold the kernel at 255 registers with at most a few bytes of spill at D = 128 (64 rows
+    # and whole-D dots spilled kilobytes: `specfold bench kernels --compile-only`).
+    block_r = max(pow2(16 // g_p), min(pow2(n), 16 // g_p))
+    return LaunchConfig(grid=(k, triton.cdiv(n, block_r)), tiles={"BLOCK_R": block_r, "BLOCK_D": min(pow2(d, 16), 32)},
+                        num_warps=8)
 
 
 def correct_folded(
@@ -166,16 +199,12 @@ def correct_folded(
     oo = torch.empty(k * n, hq, d, dtype=torch.float32, device=dev)
     flag = torch.zeros(k * n, dtype=torch.int8, device=dev)
     g = hq // hkv
-    g_p = pow2(g)
-    # NOTE: a program takes BLOCK_R positions of one branch × the group heads of a kv head as its M dim (≥ 16,
-    # the MMA minimum): the branch's block keys are shared by the tile, and each ancestor on the fold chain is
-    # one more [M, N] score tile. Kv heads loop inside, so the guard's "any head" stays program-local.
-    block_r = max(pow2(16 // g_p), min(pow2(n), 64 // g_p))
-    _correct_folded_kernel[(k, triton.cdiv(n, block_r))](
+    launch(
+        _correct_folded_kernel, correction_config(k, n, g, d),
         q, m, z, o, pool_k, pool_v, table.contiguous(), src.contiguous(), recompute.to(torch.int8).contiguous(),
         parents.to(torch.int64).contiguous(), mo, zo, oo, flag,
         n, hkv, float(scale), float(guard),
         q.stride(0), pool_k.stride(0), pool_k.stride(1), pool_v.stride(0), pool_v.stride(1),
-        HQ=hq, G=g, G_P=g_p, D=d, D_P=pow2(d, 16), N_P=pow2(n, 16), BLOCK_R=block_r, NATIVE=native_dot(q.dtype),
+        HQ=hq, G=g, G_P=pow2(g), D=d, D_P=pow2(d, 16), N_P=pow2(n, 16), NATIVE=native_dot(q.dtype),
     )
     return FoldCorrection(m=mo, z=zo, o=oo, flag=flag)

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from specfold.engine.kernels._common import (
     SUPPORTED_DTYPES,
+    LaunchConfig,
     cast,
     check,
     check_device,
@@ -27,6 +28,7 @@ from specfold.engine.kernels._common import (
     check_tensor,
     dot,
     fix_rounding,
+    launch,
     native_dot,
     pow2,
 )
@@ -105,6 +107,23 @@ def _linear_rows_kernel(
              mask=mm[:, None] & me[None, :])
 
 
+def linear_config(r: int, e: int, f: int) -> LaunchConfig:
+    """:func:`linear_rows`: grid ``(⌈R / BLOCK_M⌉, ⌈E / BLOCK_E⌉)``, ``BLOCK_K`` input features per GEMM step."""
+    block_m = min(pow2(r, 16), 64)
+    block_e = min(pow2(e, 16), 64)
+    return LaunchConfig(grid=(triton.cdiv(r, block_m), triton.cdiv(e, block_e)),
+                        tiles={"BLOCK_M": block_m, "BLOCK_E": block_e, "BLOCK_K": min(pow2(f, 16), 64)})
+
+
+def gate_up_config(r: int, e: int, f: int) -> LaunchConfig:
+    """The gate/up launch of :func:`ffn_rows`: grid ``(⌈R / BLOCK_M⌉, ⌈F / BLOCK_F⌉)``, ``BLOCK_K`` hidden entries
+    per GEMM step (two accumulators: gate and up)."""
+    block_m = min(pow2(r, 16), 64)
+    block_f = min(pow2(f, 16), 64)
+    return LaunchConfig(grid=(triton.cdiv(r, block_m), triton.cdiv(f, block_f)),
+                        tiles={"BLOCK_M": block_m, "BLOCK_F": block_f, "BLOCK_K": min(pow2(e, 16), 64)})
+
+
 def linear_rows(
     x: torch.Tensor,  # [R, F] rows to project (model dtype); with gather: [M, F], row rows[r] is projected
     rows: torch.Tensor,  # [R] int: output row of each projected row (distinct)
@@ -134,13 +153,11 @@ def linear_rows(
     check_device(x, rows, w, out, count)
     if r == 0:
         return out
-    block_m = min(pow2(r, 16), 64)
-    block_e = min(pow2(e, 16), 64)
     rows_c = rows.contiguous()
-    _linear_rows_kernel[(triton.cdiv(r, block_m), triton.cdiv(e, block_e))](
+    launch(
+        _linear_rows_kernel, linear_config(r, e, f),
         x, rows_c, count if count is not None else rows_c, w, out, r, e, f, x.stride(0), w.stride(0), out.stride(0),
-        GATHER=gather, HAS_COUNT=count is not None, BLOCK_M=block_m, BLOCK_E=block_e,
-        BLOCK_K=min(pow2(f, 16), 64), NATIVE=native_dot(x.dtype), FIX=fix_rounding(x.dtype),
+        GATHER=gather, HAS_COUNT=count is not None, NATIVE=native_dot(x.dtype), FIX=fix_rounding(x.dtype),
     )
     return out
 
@@ -182,13 +199,11 @@ def ffn_rows(
         return out
     act = torch.empty(r, f, dtype=h.dtype, device=h.device)
     rows_c = rows.contiguous()
-    block_m = min(pow2(r, 16), 64)
-    block_k = min(pow2(e, 16), 64)
-    block_f = min(pow2(f, 16), 64)
-    _ffn_gate_up_kernel[(triton.cdiv(r, block_m), triton.cdiv(f, block_f))](
+    launch(
+        _ffn_gate_up_kernel, gate_up_config(r, e, f),
         h, rows_c, count if count is not None else rows_c, norm_weight.contiguous(), w_gate_up, act, r, e, f,
-        float(eps), h.stride(0), w_gate_up.stride(0), HAS_COUNT=count is not None,
-        BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_K=block_k, NATIVE=native_dot(h.dtype), FIX=fix_rounding(h.dtype),
+        float(eps), h.stride(0), w_gate_up.stride(0), HAS_COUNT=count is not None, NATIVE=native_dot(h.dtype),
+        FIX=fix_rounding(h.dtype),
     )
     linear_rows(act, rows_c, w_down, out, count)
     return out

@@ -21,11 +21,13 @@ import triton.language as tl
 
 from specfold.engine.kernels._common import (
     SUPPORTED_DTYPES,
+    LaunchConfig,
     check,
     check_device,
     check_inner_contiguous,
     check_tensor,
     interpreting,
+    launch,
     pow2,
 )
 from specfold.engine.reference import GateCompact
@@ -84,6 +86,19 @@ def _gate_compact_kernel(
     tl.store(blist_ptr + i * N + bbase + before, n, mask=rec)
 
 
+def gate_config(k: int, n: int, e: int, positions_per_program: int | None = None) -> LaunchConfig:
+    """Grid ``(K, ⌈N / BLOCK_N⌉)``; ``BLOCK_N`` positions per program (default: 1 on a GPU, as SPEC §5; the whole
+    block in the interpreter, where every program costs milliseconds); ``BLOCK_E`` hidden entries per step."""
+    if positions_per_program is None:
+        positions_per_program = pow2(n) if interpreting() else 1
+    bn = positions_per_program
+    check(bn >= 1 and bn & (bn - 1) == 0, f"positions_per_program must be a power of two, got {bn}")
+    # NOTE: two fp64 accumulators of BLOCK_N × BLOCK_E live in registers; 4096 entries per program keeps them at
+    # 64 doubles a thread (4 warps) with no spill, and a 4096-wide row in one step.
+    block_e = min(pow2(e, 16), max(16, 4096 // bn))
+    return LaunchConfig(grid=(k, triton.cdiv(n, bn)), tiles={"BLOCK_N": bn, "BLOCK_E": block_e})
+
+
 def gate_compact(
     h: torch.Tensor,  # [K, N, E] layer input of every branch
     parents: torch.Tensor,  # [K] long, parents[0] = -1
@@ -113,14 +128,10 @@ def gate_compact(
     bcount = torch.zeros(k, dtype=torch.int32, device=dev)
     count = torch.zeros(1, dtype=torch.int32, device=dev)
     fold_i8 = fold.to(torch.int8).contiguous() if fold is not None else rec  # dummy pointer when unused
-    if positions_per_program is None:
-        positions_per_program = pow2(n) if interpreting() else 1
-    bn = positions_per_program
-    check(bn >= 1 and bn & (bn - 1) == 0, f"positions_per_program must be a power of two, got {bn}")
-    block_e = min(pow2(e, 16), max(16, 4096 // bn))
-    _gate_compact_kernel[(k, triton.cdiv(n, bn))](
+    launch(
+        _gate_compact_kernel, gate_config(k, n, e, positions_per_program),
         h, parents.contiguous(), fold_i8, rho, rec, hop, slot, rows, blist, bcount, count,
         n, e, h.stride(0), h.stride(1), float(delta),
-        HAS_FOLD=fold is not None, BLOCK_N=bn, BLOCK_E=block_e,
+        HAS_FOLD=fold is not None,
     )
     return GateCompact(rho, rec.bool(), hop, slot, rows, blist, bcount, count)

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from specfold.engine.kernels._common import (
     SUPPORTED_DTYPES,
+    LaunchConfig,
     cast,
     check,
     check_device,
@@ -25,6 +26,7 @@ from specfold.engine.kernels._common import (
     check_tensor,
     dot,
     fix_rounding,
+    launch,
     native_dot,
     pow2,
 )
@@ -105,6 +107,15 @@ def _qkv_rope_kernel(
     tl.store(dst + HALF, cast(o2, dtype, FIX), mask=out_m)
 
 
+def qkv_config(r: int, e: int, heads: int) -> LaunchConfig:
+    """Grid ``(⌈R / BLOCK_M⌉, Hq + 2·Hkv)``: ``BLOCK_M`` rows × one head per program, ``BLOCK_K`` hidden entries per
+    step of the GEMM."""
+    # NOTE: up to 64 rows × one head per program: the head's weight tile is reused across the rows.
+    block_m = min(pow2(r, 16), 64)
+    block_k = min(pow2(e, 16), 64)
+    return LaunchConfig(grid=(triton.cdiv(r, block_m), heads), tiles={"BLOCK_M": block_m, "BLOCK_K": block_k})
+
+
 def qkv_rope(
     h: torch.Tensor,  # [M, E] layer input (model dtype)
     rows: torch.Tensor,  # [R] int: flat (branch·N + position) rows to compute, in pool order
@@ -155,16 +166,14 @@ def qkv_rope(
     v = torch.empty(r, hkv, d, dtype=h.dtype, device=h.device)
     if r == 0:
         return q, k, v
-    # NOTE: up to 64 rows × one head per program: the head's weight tile is reused across the rows.
-    block_m = min(pow2(r, 16), 64)
-    block_k = min(pow2(e, 16), 64)
-    _qkv_rope_kernel[(triton.cdiv(r, block_m), hq + 2 * hkv)](
+    launch(
+        _qkv_rope_kernel, qkv_config(r, e, hq + 2 * hkv),
         h, rows.contiguous(), count if count is not None else rows, norm_weight.contiguous(), w_qkv,
         b_qkv if b_qkv is not None else w_qkv,
         cos, sin, qscale.contiguous() if qscale is not None else cos, q, k, v,
         r, n, e, float(eps), h.stride(0), w_qkv.stride(0), cos.stride(0),
         HQ=hq, HKV=hkv, D=d, HALF_P=pow2(d // 2, 16), HAS_BIAS=b_qkv is not None, HAS_QSCALE=qscale is not None,
-        HAS_COUNT=count is not None, BLOCK_M=block_m, BLOCK_K=block_k, NATIVE=native_dot(h.dtype),
+        HAS_COUNT=count is not None, NATIVE=native_dot(h.dtype),
         FIX=fix_rounding(h.dtype),
     )
     return q, k, v

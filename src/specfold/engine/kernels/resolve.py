@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specfold.engine.kernels._common import check, check_device, check_tensor, pow2
+from specfold.engine.kernels._common import LaunchConfig, check, check_device, check_tensor, launch, pow2
 
 
 @triton.jit
@@ -35,6 +35,12 @@ def _resolve_sources_kernel(
     tl.store(table_ptr + i * N + offs, tl.load(slot_ptr + cur * N + offs, mask=msk, other=-1), mask=msk)
 
 
+def resolve_config(k: int, n: int) -> LaunchConfig:
+    """Grid ``(K, ⌈N / BLOCK_N⌉)``: a branch's whole block in one program (up to 1024 positions)."""
+    block = min(pow2(n, 16), 1024)
+    return LaunchConfig(grid=(k, triton.cdiv(n, block)), tiles={"BLOCK_N": block})
+
+
 def resolve_sources(
     recompute: torch.Tensor,  # [K, N] bool, row 0 all True
     parents: torch.Tensor,  # [K] long, parents[0] = -1
@@ -51,9 +57,8 @@ def resolve_sources(
     check_device(recompute, parents, slot)
     src = torch.empty(k, n, dtype=torch.long, device=recompute.device)
     table = torch.empty(k, n, dtype=torch.long, device=recompute.device)
-    block = min(pow2(n, 16), 1024)
-    _resolve_sources_kernel[(k, triton.cdiv(n, block))](
-        recompute.to(torch.int8).contiguous(), parents.to(torch.int64).contiguous(), slot.contiguous(), src, table,
-        n, BLOCK_N=block,
+    launch(
+        _resolve_sources_kernel, resolve_config(k, n),
+        recompute.to(torch.int8).contiguous(), parents.to(torch.int64).contiguous(), slot.contiguous(), src, table, n,
     )
     return src, table
