@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specfold.validation import ValidationError
 
-__all__ = ["atomic_output", "atomic_write_text", "check_figure_path", "check_output_path"]
+__all__ = ["atomic_output", "atomic_outputs", "atomic_write_text", "check_figure_path", "check_output_path"]
 
 
 def check_output_path(path: str | Path, flag: str = "--out") -> Path:
@@ -77,6 +77,30 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_outputs(*paths: str | Path) -> Iterator[list[Path]]:
+    """:func:`atomic_output` for files that belong together (a graph and its counts and paths): one temporary
+    path per target; only when the block ends without an exception and every file is written are they renamed
+    over their targets, in the order given (put the file that names the others last). On an exception — a full
+    disk, a read-only directory — every temporary file is removed and no target changes."""
+    outs = [Path(p) for p in paths]
+    tmps: list[Path] = []
+    try:
+        for out in outs:
+            fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=f".tmp{out.suffix}")
+            os.close(fd)
+            tmps.append(Path(name))
+        yield list(tmps)
+        for tmp, out in zip(tmps, outs, strict=True):
+            os.chmod(tmp, out.stat().st_mode & 0o777 if out.exists() else _new_file_mode())
+        for tmp, out in zip(tmps, outs, strict=True):  # renames only: nothing left to run out of space
+            os.replace(tmp, out)
+    except BaseException:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         raise
 
 

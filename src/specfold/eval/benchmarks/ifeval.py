@@ -350,7 +350,8 @@ def load(data_dir: Path | None, split: str = "test", limit: int | None = None) -
     if path is not None and path.is_file():
         rows = read_jsonl(path)
     elif datasets_available():
-        rows = hf_rows("google/IFEval", None, "train")
+        rows = hf_rows("google/IFEval", None, "train",
+                       lambda why: missing_data(NAME, expected_path(data_dir, NAME, "input_data.jsonl"), why))
     else:
         raise missing_data(NAME, expected_path(data_dir, NAME, "input_data.jsonl"))
     rows = rows if limit is None else rows[:limit]

@@ -215,7 +215,8 @@ def load_math500(data_dir: Path | None, split: str = "test", limit: int | None =
     if path is not None and path.is_file():
         rows = read_jsonl(path)
     elif datasets_available():
-        rows = hf_rows("HuggingFaceH4/MATH-500", None, "test")
+        rows = hf_rows("HuggingFaceH4/MATH-500", None, "test", lambda why: missing_data(
+            "math500", expected_path(data_dir, "math", "math500", "test.jsonl"), why))
     else:
         raise missing_data("math500", expected_path(data_dir, "math", "math500", "test.jsonl"))
     rows = rows if limit is None else rows[:limit]
@@ -254,8 +255,10 @@ def load_math(data_dir: Path | None, split: str = "test", limit: int | None = No
         return out
     if not datasets_available():
         raise missing_data("math", expected_path(data_dir, "math", "MATH", split, "<subject>", "<id>.json"))
+    expected = expected_path(data_dir, "math", "MATH", split, "<subject>", "<id>.json")
     for subject in SUBJECTS:
-        for i, r in enumerate(hf_rows("EleutherAI/hendrycks_math", subject, split)):
+        rows = hf_rows("EleutherAI/hendrycks_math", subject, split, lambda why: missing_data("math", expected, why))
+        for i, r in enumerate(rows):
             if limit is not None and len(out) >= limit:
                 return out
             out.append(_math_sample(f"{split}/{subject}/{i}.json", r))
