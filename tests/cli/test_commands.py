@@ -69,7 +69,7 @@ def _table_rows(text: str) -> dict[tuple[str, str], list[str]]:
 
 
 def test_demo_shows_each_domain_the_table_its_key_timing_and_conclusions(capsys, embedded):
-    out, _ = run(capsys, "demo", "--limit", "1", "--max-new-tokens", "16", "--repeats", "2")
+    out, _ = run(capsys, "demo", "--limit", "1", "--max-new-tokens", "16", "--repeats", "2", "--dtype", "fp32")
     assert out.startswith(f"specfold demo: the embedded model ({EMBEDDED_DIR}), 1 held-out problems per domain, fp32, "
                           "1 CPU thread (--threads N for more)\n")
     rows = _table_rows(out)

@@ -8,6 +8,7 @@ import argparse
 import json
 
 from specfold.cli.common import (
+    DTYPE_CHOICES,
     Parser,
     UsageError,
     choices,
@@ -18,10 +19,13 @@ from specfold.cli.common import (
     method_list,
     positive_int,
     progress_bar,
+    resolve_dtype,
     threshold_type,
 )
 from specfold.config import Backend, MethodConfig
-from specfold.model.loading import DTYPES
+
+DTYPE_HELP = ("auto (default): bf16 where the CPU has native bf16 matrix units (AMX, AVX-512 BF16) or on a GPU, fp32 "
+              "elsewhere (a bf16 GEMM is emulated on an AVX2-only CPU: use --dtype bf16 to measure that anyway)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--branches", type=positive_int, default=7, help="draft branches B (default 7)")
     p.add_argument("--block", type=positive_int, default=32)
     p.add_argument("--prefix", type=positive_int, default=512)
-    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--repeats", type=positive_int, default=7)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (1 is steadiest)")
     p.add_argument("--device", default="cpu")
@@ -75,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--branches", type=positive_int, default=7, help="draft branches B (default 7)")
     p.add_argument("--block", type=positive_int, default=32)
     p.add_argument("--prefix", type=positive_int, default=512)
-    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (1 is steadiest)")
     p.add_argument("--device", default="cpu")
@@ -105,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=choices(Backend), default="torch", help="specfold engine backend")
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="generation budget (default 64)")
     p.add_argument("--threshold", type=threshold_type, default=0.9)
-    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--repeats", type=positive_int, default=1, help="interleaved rounds of the grid (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per grid point")
     p.set_defaults(func=run_batch)
@@ -179,10 +183,11 @@ def run_pass(args: argparse.Namespace) -> int:
     from specfold.bench.verify_pass import bench_pass
     from specfold.model.loading import parse_dtype
 
+    dtype = parse_dtype(resolve_dtype(args, args.device))
     for shape in args.shape:
         for delta in args.delta:
             res = bench_pass(shape, delta, layers=args.layers, vocab=args.vocab, branches=args.branches,
-                             block=args.block, prefix=args.prefix, dtype=parse_dtype(args.dtype), repeats=args.repeats,
+                             block=args.block, prefix=args.prefix, dtype=dtype, repeats=args.repeats,
                              threads=args.threads, device=args.device)
             if args.json:
                 print(json.dumps(res.as_dict()), flush=True)
@@ -209,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
                 branches=args.branches,
                 block=args.block,
                 prefix=args.prefix,
-                dtype=parse_dtype(args.dtype),
+                dtype=parse_dtype(resolve_dtype(args, args.device)),
                 repeats=args.repeats,
                 backend=args.backend,
                 threads=args.threads,
@@ -240,7 +245,7 @@ def run_batch(args: argparse.Namespace) -> int:
     if args.shape is not None and args.model is not None:
         raise UsageError("--shape builds a random model; it does not take --model")
     bench = BatchBenchConfig(tuple(args.batch_sizes), args.repeats)
-    text_model = load_model(args.model, dtype=args.dtype)
+    text_model = load_model(args.model, dtype=resolve_dtype(args))
     graph = None
     if args.shape is None:
         model, prompts = text_model, held_out_prompts(text_model, tasks, args.prompts)

@@ -20,7 +20,7 @@ from specfold.config import (
     check_delta,
     check_method_options,
 )
-from specfold.model.loading import DTYPES
+from specfold.model.loading import AUTO_DTYPE, DTYPES
 from specfold.validation import ValidationError
 
 
@@ -158,10 +158,26 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model", default=None, help="checkpoint directory or Hugging Face id (default: the embedded model)"
     )
-    g.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="weights and activations (default fp32)")
+    g.add_argument("--dtype", default="fp32", choices=DTYPE_CHOICES,
+                   help="weights and activations; auto = bf16 on a CPU with native bf16 matrix units (AMX, "
+                   "AVX-512 BF16) or a GPU, fp32 elsewhere (default fp32)")
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--mask-id", type=int, default=None, help="override the mask token id")
     g.add_argument("--eos-id", type=int, default=None, help="override the stop token id")
+
+
+DTYPE_CHOICES = [*DTYPES, AUTO_DTYPE]
+
+
+def resolve_dtype(args: argparse.Namespace, device: str = "cpu") -> str:
+    """``args.dtype`` with ``auto`` decided (:func:`specfold.model.loading.auto_dtype`) and the choice and its reason
+    said in one line on stderr; ``args.dtype`` is replaced by the choice."""
+    if args.dtype == AUTO_DTYPE:
+        from specfold.model.loading import auto_dtype
+
+        args.dtype, why = auto_dtype(getattr(args, "device", device))
+        print(f"specfold: --dtype auto chose {args.dtype}: {why}", file=sys.stderr)
+    return args.dtype
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -308,7 +324,8 @@ def load_from_args(args: argparse.Namespace):
     from specfold.validation import check_device
 
     check_device(args.device)
-    return load_model(args.model, dtype=args.dtype, device=args.device, mask_id=args.mask_id, eos_id=args.eos_id)
+    dtype = resolve_dtype(args)
+    return load_model(args.model, dtype=dtype, device=args.device, mask_id=args.mask_id, eos_id=args.eos_id)
 
 
 def progress_bar(total: int, desc: str):

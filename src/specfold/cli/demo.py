@@ -6,12 +6,13 @@ import argparse
 import textwrap
 
 from specfold.cli.common import (
+    DTYPE_CHOICES,
     add_method_args,
     method_config,
     positive_int,
     progress_bar,
+    resolve_dtype,
 )
-from specfold.model.loading import DTYPES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the embedded model, decoding vanilla, spiffy and specfold side by side; print accuracy, NFE and tokens/s "
         "(median over repeats, with its spread), a key to the columns and what the numbers show.",
     )
-    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="auto (default): bf16 where the CPU has native bf16 matrix units (AMX, AVX-512 BF16) or on a "
+                   "GPU, fp32 elsewhere")
     p.add_argument("--limit", type=positive_int, default=5, help="problems per domain (default 5)")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument(
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.global_threads is None:  # the model is small: more threads only contend on a shared CPU
         torch.set_num_threads(1)
     threads = torch.get_num_threads()
-    model = load_model(None, dtype=args.dtype)
+    model = load_model(None, dtype=resolve_dtype(args))
     print(f"specfold demo: the embedded model ({model.path}), {args.limit} held-out problems per domain, {args.dtype}, "
           f"{threads} CPU thread{'s' if threads > 1 else ''}" + (" (--threads N for more)" if threads == 1 else ""))
     plan = EvalPlan(
