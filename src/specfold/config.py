@@ -60,12 +60,20 @@ class ModelConfig:
     qkv_bias: bool
     tie_word_embeddings: bool
     rope: RopeConfig
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3 / SDAR)
     block_size: int = 32  # bd_size
     mask_token_id: int | None = None
     eos_token_id: int | None = None  # the first of eos_token_ids
     eos_token_ids: tuple[int, ...] = ()  # config.json's eos_token_id (an int or a list)
     shifted_logits: bool = False  # position i is read from row i-1 (Fast-dLLM-v2)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+# SDAR's remasking strategies (its generate.py names) and the UnmaskRule kind each one selects.
+QUOTA_STRATEGIES: dict[str, str] = {
+    "low_confidence_dynamic": "quota_dynamic",
+    "low_confidence_static": "quota_static",
+}
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,10 @@ class DecodeConfig:
     block_size: int = 32
     small_block_size: int | None = 8  # None: every mask of the block is eligible (NLD)
     prefill_chunk: int | None = None  # prompt rows per prefill forward (None: the model's default)
+    # Quota rules only (SDAR): denoising passes per block (None: the block size) and the strategy
+    # ("low_confidence_dynamic" | "low_confidence_static"; None: the family's default). See UnmaskRule.
+    steps: int | None = None
+    strategy: str | None = None
 
     def validate(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -87,6 +99,10 @@ class DecodeConfig:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.prefill_chunk is not None and self.prefill_chunk <= 0:
             raise ValueError(f"prefill_chunk must be positive, got {self.prefill_chunk}")
+        if self.steps is not None and self.steps <= 0:
+            raise ValueError(f"steps must be positive, got {self.steps}")
+        if self.strategy is not None and self.strategy not in QUOTA_STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(QUOTA_STRATEGIES)}")
         if self.small_block_size is not None:
             if self.small_block_size <= 0:
                 raise ValueError(f"small_block_size must be positive, got {self.small_block_size}")

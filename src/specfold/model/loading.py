@@ -30,6 +30,8 @@ _LAYER_KEYS = {
     "wqkv": ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
     "bqkv": ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
     "wo": ["self_attn.o_proj.weight"],
+    "q_norm": ["self_attn.q_norm.weight"],  # qk-norm models only (Qwen3 / SDAR)
+    "k_norm": ["self_attn.k_norm.weight"],
     "post_norm": ["post_attention_layernorm.weight"],
     "w_gate_up": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
     "w_down": ["mlp.down_proj.weight"],
@@ -180,7 +182,7 @@ def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
     for i in range(cfg.num_layers):
         lp = f"{pre}layers.{i}."
         for ours, theirs in _LAYER_KEYS.items():
-            if ours == "bqkv" and not cfg.qkv_bias:
+            if (ours == "bqkv" and not cfg.qkv_bias) or (ours in ("q_norm", "k_norm") and not cfg.qk_norm):
                 continue
             parts = [take(lp + name) for name in theirs]
             out[f"layers.{i}.{ours}"] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -213,6 +215,8 @@ def state_dict_to_hf(model: DLLM) -> dict[str, torch.Tensor]:
         })
         gate, up = layer.w_gate_up.split([f, f])
         out[lp + "mlp.gate_proj.weight"], out[lp + "mlp.up_proj.weight"] = gate, up
+        if layer.q_norm is not None:
+            out[lp + "self_attn.q_norm.weight"], out[lp + "self_attn.k_norm.weight"] = layer.q_norm, layer.k_norm
         if layer.bqkv is not None:
             bq, bk, bv = layer.bqkv.split([hq * d, hkv * d, hkv * d])
             out[lp + "self_attn.q_proj.bias"], out[lp + "self_attn.k_proj.bias"] = bq, bk
@@ -241,6 +245,20 @@ class SpecialIds:
     mask: int
     stop: int | None
     stop_source: str  # where the stop id came from: "--eos-id", "config.json eos_token_id", "tokenizer '<name>'", …
+    stops: tuple[int, ...] = ()  # every stop id (``stop`` first); empty when ``stop`` is None
+
+
+def generation_config_stops(ckpt: Path | None) -> tuple[int, ...]:
+    """``eos_token_id`` of the checkpoint's ``generation_config.json`` (an int or a list), or ``()``."""
+    path = None if ckpt is None else ckpt / "generation_config.json"
+    if path is None or not path.is_file():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    return tuple(dict.fromkeys(int(e) for e in ids))
 
 
 def load_tokenizer(ckpt: Path) -> Any | None:
@@ -273,11 +291,22 @@ def load_tokenizer(ckpt: Path) -> Any | None:
 
 
 def special_ids(
-    cfg: ModelConfig, tokenizer: Any | None, mask_id: int | None = None, eos_id: int | None = None
+    cfg: ModelConfig, tokenizer: Any | None, mask_id: int | None = None, eos_id: int | None = None,
+    generation_stops: tuple[int, ...] = (),
 ) -> SpecialIds:
     """mask = override, else config ``mask_token_id``, else the tokenizer's ``|<MASK>|``; stop = override, else the
     checkpoint's configured ``eos_token_id`` (the first of a list), else — only as a fallback — the first of the
-    family's stop token names the tokenizer knows, else the tokenizer's EOS. ``stop_source`` says which was used."""
+    family's stop token names the tokenizer knows, else the tokenizer's EOS. ``stop_source`` says which was used.
+
+    A family whose reference stops on every id of ``generation_config.json`` (SDAR: ``[151645, 151643]``) takes
+    ``generation_stops`` (that file's ids) when no override is given: ``stops`` is then that list, its first id
+    ``stop``."""
+    if eos_id is None and generation_stops and family_of(cfg).generation_config_stops:
+        found = special_ids(cfg, tokenizer, mask_id, generation_stops[0])
+        for value in generation_stops:
+            if not 0 <= value < cfg.vocab_size:
+                raise CheckpointError(f"stop token id {value} is outside the vocabulary (size {cfg.vocab_size})")
+        return SpecialIds(found.mask, generation_stops[0], "generation_config.json eos_token_id", generation_stops)
     if mask_id is None:
         mask_id = cfg.mask_token_id
     if mask_id is None and tokenizer is not None:
@@ -305,7 +334,8 @@ def special_ids(
     for name, value in (("mask", mask_id), ("stop", eos_id)):
         if value is not None and not 0 <= value < cfg.vocab_size:
             raise CheckpointError(f"{name} token id {value} is outside the vocabulary (size {cfg.vocab_size})")
-    return SpecialIds(mask=int(mask_id), stop=None if eos_id is None else int(eos_id), stop_source=source)
+    stop = None if eos_id is None else int(eos_id)
+    return SpecialIds(mask=int(mask_id), stop=stop, stop_source=source, stops=() if stop is None else (stop,))
 
 
 def load_checkpoint(
@@ -328,6 +358,12 @@ class LoadedModel:
     stop_id: int | None
     path: Path
     stop_source: str = "given"  # where stop_id came from (see special_ids)
+    stop_ids: tuple[int, ...] = ()  # every stop id, ``stop_id`` first (default: just ``stop_id``)
+
+    def __post_init__(self) -> None:
+        # stop_ids not starting with stop_id (none given, or ``dataclasses.replace(model, stop_id=…)``): the one id
+        if (self.stop_ids[:1] or (None,))[0] != self.stop_id:
+            self.stop_ids = () if self.stop_id is None else (self.stop_id,)
 
     @property
     def name(self) -> str:
@@ -349,6 +385,6 @@ def load_model(
         path_or_id = embedded_model_dir()
     ckpt, cfg, net = load_checkpoint(path_or_id, dtype=dtype, device=device)
     tokenizer = load_tokenizer(ckpt)
-    ids = special_ids(cfg, tokenizer, mask_id=mask_id, eos_id=eos_id)
+    ids = special_ids(cfg, tokenizer, mask_id=mask_id, eos_id=eos_id, generation_stops=generation_config_stops(ckpt))
     return LoadedModel(net=net, config=cfg, tokenizer=tokenizer, mask_id=ids.mask, stop_id=ids.stop, path=ckpt,
-                       stop_source=ids.stop_source)
+                       stop_source=ids.stop_source, stop_ids=ids.stops)

@@ -84,7 +84,14 @@ def save_checkpoint(
     return out
 
 
-def write_random_checkpoint(out_dir: Path | str, family: str, seed: int = 0, **shape: Any) -> Path:
+def write_random_checkpoint(
+    out_dir: Path | str, family: str, seed: int = 0, generation_eos: list[int] | None = None, **shape: Any
+) -> Path:
+    """A random checkpoint of ``family``; ``generation_eos`` also writes ``generation_config.json`` with those
+    ``eos_token_id`` (the stop ids SDAR's reference uses)."""
     cfg_dict = random_config(family, **shape)
     model = random_model(config_from_dict(cfg_dict), seed=seed)
-    return save_checkpoint(model, out_dir, cfg_dict)
+    out = save_checkpoint(model, out_dir, cfg_dict)
+    if generation_eos is not None:
+        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": list(generation_eos)}, indent=2))
+    return out

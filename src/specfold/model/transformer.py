@@ -1,4 +1,5 @@
-"""Our transformer for both DLLM families: RMSNorm, RoPE (plain / YaRN), GQA, SwiGLU, optional q/k/v bias.
+"""Our transformer for every DLLM family: RMSNorm, RoPE (plain / YaRN), GQA, SwiGLU, optional q/k/v bias, optional
+per-head q/k RMSNorm before RoPE (Qwen3 / SDAR).
 
 Dims: ``B`` branches, ``T`` block rows, ``E`` hidden size, ``F`` FFN size, ``Hq``/``Hkv`` heads, ``D`` head dim,
 ``V`` vocabulary.
@@ -64,6 +65,8 @@ class Layer(nn.Module):
         self.input_norm = nn.Parameter(torch.ones(e))
         self.wqkv = nn.Parameter(torch.empty((hq + 2 * hkv) * d, e))
         self.bqkv = nn.Parameter(torch.zeros((hq + 2 * hkv) * d)) if cfg.qkv_bias else None
+        self.q_norm = nn.Parameter(torch.ones(d)) if cfg.qk_norm else None  # [D] per-head RMSNorm on q (Qwen3)
+        self.k_norm = nn.Parameter(torch.ones(d)) if cfg.qk_norm else None  # [D] on k
         self.wo = nn.Parameter(torch.empty(e, hq * d))
         self.post_norm = nn.Parameter(torch.ones(e))
         self.w_gate_up = nn.Parameter(torch.empty(2 * f, e))
@@ -76,12 +79,17 @@ class Layer(nn.Module):
         sin: torch.Tensor,  # [R, D]
         qscale: torch.Tensor | None,  # [R]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """RMSNorm -> fused QKV GEMM -> RoPE (-> query scale). Returns q ``[R, Hq, D]``, k, v ``[R, Hkv, D]``."""
+        """RMSNorm -> fused QKV GEMM (-> per-head q/k RMSNorm) -> RoPE (-> query scale). Returns q ``[R, Hq, D]``,
+        k, v ``[R, Hkv, D]``."""
         x = rms_norm(h, self.input_norm, self.eps)
         qkv = linear(x, self.wqkv, self.bqkv)
         q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        q = apply_rotary(q.view(-1, self.hq, self.d), cos, sin)
-        k = apply_rotary(k.view(-1, self.hkv, self.d), cos, sin)
+        q, k = q.reshape(-1, self.hq, self.d), k.reshape(-1, self.hkv, self.d)
+        q_norm, k_norm = getattr(self, "q_norm", None), getattr(self, "k_norm", None)  # absent on reference stand-ins
+        if q_norm is not None:
+            q, k = rms_norm(q, q_norm, self.eps), rms_norm(k, k_norm, self.eps)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
         if qscale is not None:
             q = q * qscale[:, None, None]
         return q, k, v.reshape(-1, self.hkv, self.d)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from specfold.config import ConfigError, ModelConfig
-from specfold.model.families import fast_dllm_v2, nld
+from specfold.model.families import fast_dllm_v2, nld, sdar
 from specfold.model.families.base import FamilySpec, model_config
 
-FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (fast_dllm_v2.FAMILY, nld.FAMILY)}
+FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (fast_dllm_v2.FAMILY, nld.FAMILY, sdar.FAMILY)}
 MODEL_TYPES: dict[str, FamilySpec] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

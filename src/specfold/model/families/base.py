@@ -9,51 +9,91 @@ A family says everything that differs between DLLMs and nothing the decoding cor
 * **checkpoint keys** — the prefix of the backbone's tensors and the names of the LM head (key templates, as in
   gpt-fast; the per-layer names are the Qwen2/Llama ones every supported family shares);
 * **attention masks** — inside the prompt at prefill, inside a finished block when it enters the cache;
-* **the unmasking rule** — :class:`UnmaskRule`: the comparison with the threshold, the dtype confidence is computed
-  in, and the per-block cap on rule applications (so that no decode can run forever);
+* **the unmasking rule** — :class:`UnmaskRule`: threshold or per-step quota (SDAR), the comparison with the
+  threshold, the dtype confidence is computed in, and the per-block cap on rule applications (so that no decode can
+  run forever);
 * **the block protocol** — :meth:`FamilySpec.start` (prefill + the first block) and :func:`commit_blocks` (a
   finished block enters the cache; its last row seeds the next block), both driven by the family's masks;
-* **stop ids** — the tokenizer's token names tried after the checkpoint's configured ``eos_token_id``.
+* **stop ids** — the tokenizer's token names tried after the checkpoint's configured ``eos_token_id``, or every id of
+  ``generation_config.json`` (``generation_config_stops``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from specfold.config import ConfigError, ModelConfig, RopeConfig
+from specfold.config import QUOTA_STRATEGIES, ConfigError, ModelConfig, RopeConfig
 from specfold.model.cache import BatchCache, PrefixCache
 from specfold.model.transformer import DLLM
+
+RULE_KINDS = ("threshold", "quota_dynamic", "quota_static")
 
 
 @dataclass(frozen=True)
 class UnmaskRule:
     """How a family's reference decoder turns one pass's logits into the next state (SPEC §2).
 
+    ``kind``: ``"threshold"`` (Fast-dLLM-v2, NLD): every eligible position above the threshold plus the single most
+    confident one. ``"quota_dynamic"`` / ``"quota_static"`` (SDAR's ``low_confidence_dynamic`` / ``_static``): a
+    block takes ``steps`` passes (default: the block size ``B``), pass ``s`` (from 0) has the quota
+    ``B // steps + (s < B % steps)``; static unmasks the ``quota`` most confident masked positions, dynamic unmasks
+    every masked position strictly above the threshold when there are at least ``quota`` of them, else the top
+    ``quota``.
     ``inclusive``: keep a position whose confidence is ``>= threshold`` (Nemotron-Labs-Diffusion) rather than
-    ``> threshold`` (Fast-dLLM-v2); the single most confident eligible position is always kept.
+    ``> threshold`` (Fast-dLLM-v2, SDAR).
     ``confidence_dtype``: ``"model"`` — the softmax runs in the logits' dtype, as the references do (in bf16 the
     threshold 0.9 itself compares as 0.8984375); ``"fp64"`` for references that upcast.
-    The argmax may be the mask token itself (neither reference excludes it): the position then stays masked. A
-    block takes at most ``steps_per_block_cap × N`` rule applications; a block still holding masks then ends as it
-    is (the NLD reference's ``block_length`` cap; the Fast-dLLM-v2 reference has no cap and never returns there).
+    The argmax may be the mask token itself (no reference excludes it): the position then stays masked. A block
+    takes at most :meth:`max_steps` rule applications — ``steps_per_block_cap × N`` for a threshold rule (the NLD
+    reference's ``block_length`` cap; the Fast-dLLM-v2 reference has no cap and never returns there), ``steps``
+    for a quota rule (SDAR's reference raises past its schedule) — and a block still holding masks then ends as it is.
     """
 
+    kind: str = "threshold"
     inclusive: bool = False
     confidence_dtype: str = "model"
     steps_per_block_cap: int = 1
+    steps: int | None = None  # quota rules: passes per block (None: the block size)
 
     def __post_init__(self) -> None:
+        if self.kind not in RULE_KINDS:
+            raise ValueError(f"unknown rule kind {self.kind!r}; choose one of {', '.join(RULE_KINDS)}")
         if self.confidence_dtype not in ("model", "fp64"):
             raise ValueError(f"confidence_dtype must be 'model' or 'fp64', got {self.confidence_dtype!r}")
         if self.steps_per_block_cap < 1:
             raise ValueError(f"steps_per_block_cap must be positive, got {self.steps_per_block_cap}")
+        if self.steps is not None and (self.kind == "threshold" or self.steps < 1):
+            raise ValueError(f"steps {self.steps} needs a quota rule and a positive value (rule {self.kind!r})")
+
+    @property
+    def has_quota(self) -> bool:
+        return self.kind != "threshold"
 
     def max_steps(self, block_size: int) -> int:
+        if self.has_quota:
+            return self.steps or block_size
         return self.steps_per_block_cap * block_size
+
+    def quota(self, block_size: int, step: int) -> int:
+        """Positions pass ``step`` (0-based, within the block) unmasks under a quota rule (SDAR's
+        ``get_num_transfer_tokens``)."""
+        steps = self.steps or block_size
+        return block_size // steps + int(step < block_size % steps)
+
+    def with_options(self, strategy: str | None, steps: int | None) -> UnmaskRule:
+        """This rule with a decode's ``--strategy`` / ``--steps`` (:class:`~specfold.config.DecodeConfig`); refused
+        for a rule without a quota."""
+        if strategy is None and steps is None:
+            return self
+        if not self.has_quota:
+            given = " and ".join(f for f, v in (("--strategy", strategy), ("--steps", steps)) if v is not None)
+            raise ConfigError(f"{given} applies to quota rules (SDAR), not this family's threshold rule")
+        kind = self.kind if strategy is None else QUOTA_STRATEGIES[strategy]
+        return replace(self, kind=kind, steps=self.steps if steps is None else steps)
 
 
 @dataclass(frozen=True)
@@ -75,6 +115,9 @@ class FamilySpec:
     config_nested: tuple[str, ...] = ()  # keys under which config.json may nest the backbone's fields
     block_size_keys: tuple[str, ...] = ("bd_size", "block_size")  # where config.json writes the block size
     example_config: Callable[[dict[str, Any]], dict[str, Any]] = field(default=dict, repr=False)
+    qk_norm: bool = False  # per-head q/k RMSNorm before RoPE (Qwen3 layers)
+    generation_config_stops: bool = False  # stop on every eos id of generation_config.json (SDAR's reference)
+    seeded_blocks: bool = True  # a block after the first starts [seed, M, …] (the cache write's last row), else all M
 
     @property
     def boundary_drafts(self) -> bool:
@@ -178,6 +221,7 @@ def model_config(raw: dict[str, Any], family: FamilySpec) -> ModelConfig:
         rms_norm_eps=float(body.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=max_pos,
         qkv_bias=bool(body.get("attention_bias", family.qkv_bias)),
+        qk_norm=family.qk_norm,
         tie_word_embeddings=bool(body.get("tie_word_embeddings", False)),
         rope=rope_config(body, max_pos),
         block_size=int(block or 32),
