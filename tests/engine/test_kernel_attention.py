@@ -135,3 +135,26 @@ def test_launchers_reject_bad_arguments(device) -> None:
     with pytest.raises(ValueError, match="guard"):
         correct_folded(dev(q), m, m, torch.zeros(r, 6, 64, device=device), dev(pk), dev(pv), dev(table), dev(src),
                        dev(plan.recompute), dev(PARENTS), 0.1, 0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attend_rows_reads_only_the_head_dim(dtype, device, matches) -> None:
+    """A head dim that is not a power of two (20, padded to 32 in the tile) must not read past its head: the pool
+    row after the last live one holds NaN, and 0 × NaN would reach the scores. (scripts/gpu_check.py's dry run
+    found NaN logits from the unmasked K/V head-dim loads, in a layer whose pools were uninitialised past the
+    live rows; here the neighbour is NaN on purpose.)"""
+    plan, _, table, q, pk, pv, pre_k, pre_v = _setup(4, 2, 20, dtype)
+    r = q.shape[0]
+    nan_row = torch.full((1, *pk.shape[1:]), float("nan"), dtype=dtype)
+    pk_nan, pv_nan = torch.cat([pk, nan_row]), torch.cat([pv, nan_row])  # row r is never in the table
+    args = (plan.branch_lists, plan.branch_counts, pre_k, pre_v)
+    got = attend_rows(q.to(device), table.to(device), *(a.to(device) for a in args), pk_nan.to(device),
+                      pv_nan.to(device), table.to(device), 20**-0.5, table.to(device), r)
+    want = attend_rows_ref(q.double(), table, *args[:2], pre_k.double(), pre_v.double(), pk.double(), pv.double(),
+                           table, 20**-0.5, table, r)
+    ctrl = attend_rows_ref(q, table, *args[:2], pre_k, pre_v, pk, pv, table, 20**-0.5, table, r)
+    slots = table.reshape(-1)[plan.rows[: int(plan.count)].long()]
+    for name in ("m", "z", "o"):
+        g = getattr(got, name).cpu()[slots]
+        assert not g.isnan().any(), name
+        matches(g, getattr(want, name)[slots], None if dtype == torch.float32 else getattr(ctrl, name)[slots])

@@ -40,9 +40,11 @@ from specfold.model.attention import AttnState
 
 
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, key_mask, scale, NATIVE: tl.constexpr, FIX: tl.constexpr):
-    """One key tile of the streaming softmax. ``k_ptrs [D_P, BLOCK_N]``, ``v_ptrs [BLOCK_N, D_P]``."""
-    kt = tl.load(k_ptrs, mask=key_mask[None, :], other=0.0)
+def _attend_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, key_mask, d_mask, scale, NATIVE: tl.constexpr, FIX: tl.constexpr):
+    """One key tile of the streaming softmax. ``k_ptrs [D_P, BLOCK_N]``, ``v_ptrs [BLOCK_N, D_P]``; ``d_mask [D_P]``:
+    the head dim's real columns (a head dim that is not a power of two must not read its neighbour's, or past the
+    pool: 0 × NaN is NaN)."""
+    kt = tl.load(k_ptrs, mask=key_mask[None, :] & d_mask[:, None], other=0.0)
     s = dot(q, kt, NATIVE) * scale
     s = tl.where(key_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -50,7 +52,7 @@ def _attend_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, key_mask, scale, NATIVE: tl.c
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_ptrs, mask=key_mask[:, None], other=0.0)
+    v = tl.load(v_ptrs, mask=key_mask[:, None] & d_mask[None, :], other=0.0)
     acc = acc * alpha[:, None] + dot(cast(p, v.dtype, FIX), v, NATIVE)
     return m_new, l_i, acc
 
@@ -103,7 +105,7 @@ def _attend_rows_kernel(
                 q, m_i, l_i, acc,
                 pk + kp[None, :].to(tl.int64) * stride_pkp + offs_d[:, None],
                 pv + kp[:, None].to(tl.int64) * stride_pvp + offs_d[None, :],
-                km, scale, NATIVE, FIX,
+                km, md, scale, NATIVE, FIX,
             )
     for p0 in range(0, N, BLOCK_N):  # the branch's own block, gathered from the pool through its table row
         kp = p0 + offs_n
@@ -113,7 +115,7 @@ def _attend_rows_kernel(
             q, m_i, l_i, acc,
             kp_ptr + kr[None, :] * stride_kr + hk * stride_kh + offs_d[:, None],
             vp_ptr + kr[:, None] * stride_vr + hk * stride_vh + offs_d[None, :],
-            km, scale, NATIVE, FIX,
+            km, md, scale, NATIVE, FIX,
         )
 
     orow = tl.load(orow_ptr + i * N + pos, mask=valid, other=0).to(tl.int64)
