@@ -1,19 +1,26 @@
 # One venv, made by this file. `make demo` runs the main job; `make test` runs the tests.
+# pyproject.toml states the supported version ranges; constraints.txt pins what CI installs (reproducible venvs).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+TORCH_CPU := torch==2.13.0
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint clean constraints
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build (a bare `torch` would pull a multi-GB CUDA build)
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt $(TORCH_CPU)
 	# lmeval: the lm-eval adapter's tests run against the real harness (they fail, not skip, under `make test`)
-	$(PY) -m pip install -q -e '.[test,plot,triton,bench,lmeval,serve]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot,triton,bench,lmeval,serve]'
 	touch $@
+
+# Re-pin CI to what the venv holds now (after an upgrade that passed `make test`).
+constraints: venv
+	{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^specfold' \
+		| sed 's/+cpu$$//'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 demo: venv
 	$(PY) -m specfold.cli demo
