@@ -37,7 +37,7 @@ def test_one_pass_sums_by_layer_and_depth() -> None:
         "folded_l1": 9.0, "draft_l1": 9.0, "recomputed_rows_l1": 3.0,
         "folded_d1": 7.0, "draft_d1": 12.0, "folded_d2": 5.0, "draft_d2": 6.0,
         "folded_triples": 12.0, "ffn_folded_triples": 14.0, "guard_fallbacks": 1.0, "corrected_rows": 1.0,
-        "dense_layers": 0.0, "layers": 2.0,
+        "dense_layers": 0.0, "dense_passes": 0.0, "layers": 2.0,
     }
 
 

@@ -118,3 +118,109 @@ class LayerCost:
     def ffn_folds(self, m: int, r_ffn: int) -> bool:
         """Whether running the FFN on ``r_ffn`` of ``m`` rows (and gathering the rest) beats the dense FFN."""
         return r_ffn * self.ffn + OPS_FFN * self.op_macs < m * self.ffn
+
+
+# --- the per-pass decision (issue 36.3): fold at all, or run the dense pass -------------------------------------
+#
+# The per-layer rule above never counts the gate: it runs in every folded layer whatever the layer then does. Before
+# a pass's first gate, folding pays only if the rows it is expected to skip cost more than the bookkeeping every
+# folded layer adds (the gate, compaction, the table gathers and the FFN gate). Both are measured once per process,
+# device, dtype and layer shape on the model's own first layer (:func:`measure_pass`):
+#
+#     t_dense  one dense layer over M0 rows and a prefix of P0 keys
+#     t_fold   the folded layer on the same rows at fold ratio 1/2 (Eq. 5's decisions imposed, direct attention,
+#              FFN folded): its gate, packing and the rows it still computes
+#     G        = t_fold − t_dense · w(1/2): the bookkeeping of one folded layer (seconds)
+#
+# with ``w(f)`` the share of a dense layer's MACs that a fold ratio ``f`` leaves (the main branch is never folded;
+# the attention scores and o_proj run on every row, as direct attention runs them):
+#
+#     w(f) = (r · (qkv + ffn) + M · (attn(P) + o)) / (M · (qkv + attn(P) + o + ffn)),   r = N + (1 − f)(M − N)
+#
+# A pass of M rows over P keys folds iff  G < t_dense · s(M, P) · (1 − w(f̂)),  s = the pass's dense MACs over the
+# calibration's. ``f̂`` is the verifier's running fold ratio (see :class:`specfold.engine.folded.FoldedVerifier`).
+
+PASS_ROWS = 256  # M0: 8 branches of 32 rows, a typical verification pass
+PASS_PREFIX = 128  # P0
+PASS_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """The per-pass rule's measured constants (module comment above) and the layer's per-row MACs."""
+
+    layer: LayerCost
+    dense_seconds: float  # t_dense: one dense layer over PASS_ROWS rows, PASS_PREFIX keys
+    gate_seconds: float  # G: the bookkeeping one folded layer adds (>= 0)
+
+    def _dense_macs(self, m: int, prefix: int, n: int) -> float:
+        c = self.layer
+        return m * (c.qkv + c.attn_per_key * (prefix + n) + c.o + c.ffn)
+
+    def remaining(self, m: int, n: int, prefix: int, fold: float) -> float:
+        """``w(f)``: the share of the dense layer's MACs still computed at fold ratio ``fold``."""
+        c = self.layer
+        r = n + (1.0 - fold) * max(m - n, 0)
+        kept = r * (c.qkv + c.ffn) + m * (c.attn_per_key * (prefix + n) + c.o)
+        return kept / self._dense_macs(m, prefix, n)
+
+    def folding_pays(self, m: int, n: int, prefix: int, fold: float) -> bool:
+        """Whether a pass of ``m`` rows (block ``n``, ``prefix`` keys) expected to fold ``fold`` of its draft
+        triples beats the dense pass, per layer."""
+        scale = self._dense_macs(m, prefix, n) / self._dense_macs(PASS_ROWS, PASS_PREFIX, PASS_BLOCK)
+        saved = self.dense_seconds * scale * (1.0 - self.remaining(m, n, prefix, fold))
+        return self.gate_seconds < saved
+
+
+_PASS_MEASURED: dict[tuple, tuple[float, float]] = {}
+
+
+def measure_pass(net, layer_cost: LayerCost, repeats: int = 5) -> PassCost:
+    """:class:`PassCost` of ``net`` (a :class:`~specfold.model.transformer.DLLM`) on this machine: its first layer
+    timed dense and folded at fold ratio 1/2 on random rows (medians of ``repeats``, interleaved), cached per
+    (device, dtype, layer shape). Costs a few dense layers of ``PASS_ROWS`` rows once."""
+    from specfold.bench.timing import interleaved
+    from specfold.engine.folded_layer import folded_layer
+    from specfold.engine.gate import BranchGraph
+    from specfold.engine.layer_types import FoldConfig, LayerContext
+    from specfold.engine.plan import gate_and_compact
+    from specfold.model.attention import attend
+
+    c = net.cfg
+    key = (str(net.device), net.dtype, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
+    if key not in _PASS_MEASURED:
+        gen = torch.Generator().manual_seed(0)
+        k, n, p = PASS_ROWS // PASS_BLOCK, PASS_BLOCK, PASS_PREFIX
+        layer = net.layers[0]
+        dev, dt = net.device, net.dtype
+        h = torch.randn(k * n, c.hidden_size, generator=gen).to(dev, dt)
+        pk = torch.randn(c.num_kv_heads, p, c.head_dim, generator=gen).to(dev, dt)
+        pv = torch.randn(c.num_kv_heads, p, c.head_dim, generator=gen).to(dev, dt)
+        parents = torch.tensor([-1] + list(range(k - 1)), device=dev)  # a chain: every branch has drafts above it
+        graph = BranchGraph.of(parents)
+        cos, sin, qscale = net.rope_tables(p, n)
+        ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=parents, graph=graph)
+        fold = torch.rand(k, n, generator=gen).to(dev) < 0.5
+        fold[0] = False
+        cfg = FoldConfig(delta=0.1, attention="direct", dense_fallback=False)
+
+        def folded() -> None:
+            plan = gate_and_compact(h.view(k, n, -1), graph, cfg.delta, fold)
+            folded_layer(layer, h, plan, ctx, pk, pv, cfg)
+
+        def dense() -> None:
+            q, kk, vv = layer.qkv(h, cos.repeat(k, 1), sin.repeat(k, 1), None if qscale is None else qscale.repeat(k))
+            o = attend(q.view(k, n, layer.hq, layer.d), pk, pv, kk.view(k, n, layer.hkv, layer.d),
+                       vv.view(k, n, layer.hkv, layer.d), None, net.scale).o
+            h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, layer.hq, layer.d))
+            h1 + layer.ffn(h1)
+
+        with torch.no_grad():
+            t = interleaved({"dense": dense, "folded": folded}, repeats, device=dev)
+        real_fold = float(fold[1:].float().mean())
+        dense_s = t["dense"].median
+        probe = PassCost(layer_cost, dense_s, 0.0)
+        gate = t["folded"].median - dense_s * probe.remaining(k * n, n, p, real_fold)
+        _PASS_MEASURED[key] = (dense_s, max(gate, 0.0))
+    dense_s, gate = _PASS_MEASURED[key]
+    return PassCost(layer_cost, dense_s, gate)

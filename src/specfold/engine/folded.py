@@ -45,7 +45,7 @@ from dataclasses import replace
 import torch
 
 from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
-from specfold.engine.cost import LayerCost, measure_machine
+from specfold.engine.cost import LayerCost, measure_machine, measure_pass
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded_layer import folded_layer
 from specfold.engine.gate import BranchGraph, check_parents, safe_parents
@@ -55,6 +55,9 @@ from specfold.engine.profiling import part
 from specfold.engine.stats import FoldStats, fold_stats_batch
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM
+
+FOLD_PRIOR = 0.5  # f̂ before the first folded pass (the paper: 0.52-0.67 at δ = 0.1)
+FOLD_MEMORY = 8  # passes the running fold ratio f̂ averages over (an exponential mean)
 
 
 class FoldedVerifier:
@@ -80,12 +83,19 @@ class FoldedVerifier:
                 import specfold.engine.triton_backend  # noqa: F401  (lazy: torch paths never import triton)
             except ImportError as err:
                 raise ImportError("backend='triton' needs Triton: pip install 'specfold[triton]'") from err
+        pass_cost = None
         if cost == "auto":
             c = net.cfg
             machine = measure_machine(net.device, net.dtype)
             cost = LayerCost.of(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                                 machine.op_macs)
-        self.net, self.cfg, self.cost = net, cfg, cost
+            if cfg.pass_choice == "auto" and cfg.dense_fallback and cfg.imposed_fold is None:
+                pass_cost = measure_pass(net, cost)
+        self.net, self.cfg, self.cost, self.pass_cost = net, cfg, cost, pass_cost
+        # f̂ of the per-pass rule: the attention-gate fold ratio of this verifier's folded passes, a running mean
+        # (FOLD_MEMORY passes) from the prior FOLD_PRIOR. NOTE: it moves only when a pass folds, so a verifier that
+        # chose dense keeps choosing dense for passes of the same shape until the prefix grows enough to pay.
+        self.fold_estimate = FOLD_PRIOR
         self._imposed_masks: dict[tuple[int, int], torch.Tensor] = {}  # cfg.imposed_fold's, per (K, N)
         self._dense = DenseVerifier(net)  # passes without drafts (see _root_stats)
         self._root_stats_of: dict[int, FoldStats] = {}  # per N
@@ -117,12 +127,17 @@ class FoldedVerifier:
         if k == 1 and not trace:  # no drafts: nothing can fold
             return VerifyResult(self._dense.verify(cache, states, parents).logits, self._root_stats(n)), None
         par, checked = self._parents(parents[None])
+        if not trace and self._dense_pass(k * n, n, cache.length):
+            logits = self._dense.verify(cache, states, parents).logits
+            return VerifyResult(logits, self._dense_stats(checked, n, [k])[0]), None
         cos, sin, qscale = net.rope_tables(cache.length, n)
         graph = BranchGraph.of(checked[0], net.device) if self.cfg.backend == "torch" else None
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par.reshape(-1), graph=graph)
         prefixes = [cache.layer(i) for i in range(len(net.layers))]
         logits, counts, out = self.forward(states, ctx, prefixes, trace)
-        return VerifyResult(logits, fold_stats_batch(counts, checked, n, [k])[0]), out
+        stats = fold_stats_batch(counts, checked, n, [k])[0]
+        self._observe(stats)
+        return VerifyResult(logits, stats), out
 
     @torch.no_grad()
     def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult:
@@ -140,6 +155,10 @@ class FoldedVerifier:
             return BatchVerifyResult(logits, [self._root_stats(n)] * len(batch.branches))
         dev = net.device
         local, checked = self._parents(batch.parents)
+        rows = sum(batch.branches) * n
+        if self._dense_pass(rows, n, float(batch.lengths.float().mean())):
+            logits = self._dense.verify_batch(batch).logits
+            return BatchVerifyResult(logits, self._dense_stats(checked, n, batch.branches))
         lengths = batch.lengths.to(dev)
         ragged = self.cfg.backend == "torch"
         counts_of = [kb] * r if not ragged else batch.branches  # rows per request in the pass
@@ -161,13 +180,43 @@ class FoldedVerifier:
                            graph=graph)
         p_max = int(batch.lengths.max())  # NOTE: host-side lengths (the batch decoder's), read before the layers
         slots = batch.slots.to(dev)
-        # BatchDecoder keeps its requests in slots 0..R-1, so the prefix is a view; otherwise it is gathered.
+        # the decoding core keeps its requests in slots 0..R-1, so the prefix is a view; otherwise it is gathered.
         rows = slice(0, r) if slots.tolist() == list(range(r)) else slots
         prefixes = [(batch.cache.k[i, rows, :, :p_max], batch.cache.v[i, rows, :, :p_max])
                     for i in range(len(net.layers))]
         logits, counts, _ = self.forward(states, ctx, prefixes, head_rows=None if ragged else keep)
         per_request = list(torch.split(logits, batch.branches))
-        return BatchVerifyResult(per_request, fold_stats_batch(counts, checked, n, batch.branches, starts))
+        stats = fold_stats_batch(counts, checked, n, batch.branches, starts)
+        self._observe(sum(stats, FoldStats()))
+        return BatchVerifyResult(per_request, stats)
+
+    def _dense_pass(self, m: int, n: int, prefix: float) -> bool:
+        """The per-pass rule (``cfg.pass_choice``): whether a pass of ``m`` rows (block ``n``, ``prefix`` keys on
+        average) runs dense, decided before any gate from :attr:`pass_cost` and the running fold ratio."""
+        choice = self.cfg.pass_choice
+        if choice != "auto":
+            return choice == "dense"
+        if self.pass_cost is None:
+            return False
+        return not self.pass_cost.folding_pays(m, n, int(prefix), self.fold_estimate)
+
+    def _observe(self, stats: FoldStats) -> None:
+        """Move f̂ towards a folded pass's fold ratio."""
+        ratio = stats.fold_ratio()
+        if ratio is not None:
+            self.fold_estimate += (ratio - self.fold_estimate) / FOLD_MEMORY
+
+    def _dense_stats(self, parents: list[list[int]] | torch.Tensor, n: int, branches: list[int]) -> list[FoldStats]:
+        """Per request, the statistics of a pass the per-pass rule ran dense: every row recomputed at every layer
+        (drafts counted, none folded), ``dense_passes`` 1."""
+        if isinstance(parents, torch.Tensor):
+            parents = [[int(p) for p in row] for row in parents.tolist()]
+        width = sum(branches)
+        every, none = torch.full((width,), n, dtype=torch.long), torch.zeros(width, dtype=torch.long)
+        counts = [LayerCounts(folded=none, ffn_folded=none, guard=none, recomputed=every, corrected=none, dense=True)
+                  for _ in self.net.layers]
+        starts = [sum(branches[:q]) for q in range(len(branches))]
+        return [replace(s, dense_passes=1) for s in fold_stats_batch(counts, parents, n, branches, starts)]
 
     def _root_stats(self, n: int) -> FoldStats:
         """The statistics of a one-branch request (every row recomputed at every layer), as

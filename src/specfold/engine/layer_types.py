@@ -23,6 +23,7 @@ FFN_MODES = ("residual", "paper")
 # "correct": Eq. 8 for folded rows; "direct": every row's attention computed directly over its branch's own K/V;
 # "auto": per layer, whichever the cost rule of specfold.engine.cost says is cheaper.
 ATTENTION_MODES = ("auto", "correct", "direct")
+PASS_CHOICES = ("auto", "fold", "dense")
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class FoldConfig:
     or ``"triton"``; ``dense_fallback``: run a layer densely when the cost rule says folding would not pay;
     ``imposed_fold``: benchmarks only — fold this fraction of every layer's non-root rows (a fixed pseudo-random
     pattern per layer and branch count) instead of Eq. 5's decisions, so a decode runs at a chosen fold ratio;
-    its tokens are then not vanilla's."""
+    its tokens are then not vanilla's; ``pass_choice``: per pass, before the first gate, ``"auto"`` runs the dense
+    pass when the pass cost rule (:class:`specfold.engine.cost.PassCost`) says folding cannot pay (only with
+    ``dense_fallback`` and a cost rule), ``"fold"`` never does, ``"dense"`` always does (tests, benchmarks)."""
 
     delta: float = 0.1
     guard: float = DEFAULT_GUARD
@@ -44,6 +47,7 @@ class FoldConfig:
     backend: str = "torch"
     dense_fallback: bool = True
     imposed_fold: float | None = None
+    pass_choice: str = "auto"
 
     def __post_init__(self) -> None:
         if self.imposed_fold is not None and not 0.0 <= self.imposed_fold <= 1.0:
@@ -58,6 +62,8 @@ class FoldConfig:
             raise ValueError(f"unknown attention mode {self.attention!r}; available: {', '.join(ATTENTION_MODES)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown folded backend {self.backend!r}; available: {', '.join(BACKENDS)}")
+        if self.pass_choice not in PASS_CHOICES:
+            raise ValueError(f"unknown pass choice {self.pass_choice!r}; available: {', '.join(PASS_CHOICES)}")
         if self.backend == "triton" and self.attention == "direct":
             raise ValueError("the triton backend implements attention='correct' (the Eq. 8 kernel)")
 

@@ -41,6 +41,9 @@ class FoldStats:
     rows: int = 0  # (branch, position) rows verified
     layers: int = 0  # (pass, layer) pairs of the folded passes
     dense_layers: int = 0  # of those, layers that computed every row of the request (cost rule, or nothing folded)
+    dense_passes: int = 0  # passes with drafts run dense by the per-pass rule (their layers count as dense_layers)
+    compiled_graphs: int = 0  # graphs torch.compile built during these passes (compiled forwards; recompilations)
+    compile_seconds: float = 0.0  # wall seconds of the passes that compiled a graph
     draft_triples: int = 0  # (draft branch, position, layer) triples
     folded_triples: int = 0  # of those, folded at the attention gate (inherited Q/K/V)
     ffn_folded_triples: int = 0  # of those, folded at the FFN gate (inherited FFN output)
@@ -69,8 +72,11 @@ class FoldStats:
     def to_dict(self) -> dict[str, float]:
         """The flat JSON of records and ``--json`` outputs: ``rows``; after a folded pass also the totals,
         ``folded_l{i}`` / ``draft_l{i}`` / ``recomputed_rows_l{i}`` per layer and ``folded_d{d}`` / ``draft_d{d}``
-        per depth that held a draft."""
+        per depth that held a draft; ``compiled_graphs`` and ``compile_seconds`` once a pass compiled."""
         out = {"rows": float(self.rows)}
+        if self.compiled_graphs:
+            out["compiled_graphs"] = float(self.compiled_graphs)
+            out["compile_seconds"] = float(self.compile_seconds)
         if not self.layers:
             return out
         out["draft_triples"] = float(self.draft_triples)
@@ -85,7 +91,7 @@ class FoldStats:
                 out[f"folded_d{d}"] = float(folded)
                 out[f"draft_d{d}"] = float(draft)
         for key in ("folded_triples", "ffn_folded_triples", "guard_fallbacks", "corrected_rows", "dense_layers",
-                    "layers"):
+                    "dense_passes", "layers"):
             out[key] = float(getattr(self, key))
         return out
 

@@ -260,7 +260,7 @@ def _run_one(
         rec["fold_ratio"] = stats.fold_ratio()
         rec["ffn_fold_ratio"] = stats.fold_ratio("ffn")
         flat = stats.to_dict()
-        for key in ("draft_triples", "folded_triples", "ffn_folded_triples", "dense_layers", "layers",
+        for key in ("draft_triples", "folded_triples", "ffn_folded_triples", "dense_layers", "dense_passes", "layers",
                     "guard_fallbacks"):
             rec[key] = flat[key]
     return rec
