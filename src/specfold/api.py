@@ -103,9 +103,12 @@ def decode_config_for(
     block_size: int | None = None,
     small_block_size: int | None | str = "auto",
     prefill_chunk: int | None = None,
+    steps: int | None = None,
+    strategy: str | None = None,
 ) -> DecodeConfig:
     """Decoding parameters with the family's defaults (block = the checkpoint's ``bd_size``; small blocks of 8
-    for Fast-dLLM-v2, none for Nemotron-Labs-Diffusion; prefill chunks of ``DEFAULT_PREFILL_CHUNK`` rows)."""
+    for Fast-dLLM-v2, none for Nemotron-Labs-Diffusion; prefill chunks of ``DEFAULT_PREFILL_CHUNK`` rows).
+    ``steps`` / ``strategy``: a quota rule's passes per block and strategy (SDAR), refused for other families."""
     sbs = family_of(model.config).default_small_block_size if small_block_size == "auto" else small_block_size
     cfg = DecodeConfig(
         max_new_tokens=max_new_tokens,
@@ -113,7 +116,10 @@ def decode_config_for(
         block_size=block_size or model.config.block_size,
         small_block_size=sbs,
         prefill_chunk=prefill_chunk,
+        steps=steps,
+        strategy=strategy,
     )
+    family_of(model.config).rule.with_options(strategy, steps)  # ConfigError (a ValueError) without a quota rule
     if cfg.small_block_size is not None and cfg.small_block_size > cfg.block_size:
         cfg = replace(cfg, small_block_size=cfg.block_size)
     cfg.validate()
@@ -184,7 +190,7 @@ def prepare_method(model: LoadedModel, method: MethodConfig, decode_cfg: DecodeC
         raise ValidationError(f"lookahead: {why}")
     on = why is None if method.lookahead is None else method.lookahead
     drafter = GraphDrafter(
-        g, model.mask_id, cfg.small_block_size, model.stop_id, device=model.net.device, lookahead=on
+        g, model.mask_id, cfg.small_block_size, model.stop_ids, device=model.net.device, lookahead=on
     )
     if method.method is MethodName.SPIFFY:
         return Method("spiffy", DenseVerifier(model.net), drafter, g)
@@ -209,6 +215,8 @@ def generate(
     chat: bool = True,
     prefill_chunk: int | None = None,
     batch_size: int = 8,
+    steps: int | None = None,
+    strategy: str | None = None,
     **options: Any,
 ) -> GenerationResult | list[GenerationResult]:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result; a
@@ -222,7 +230,8 @@ def generate(
     from a calibrated graph, dense verification); ``specfold`` (the same drafts, folded verification with threshold
     ``delta``, default 0.1). All three produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``);
     ``delta > 0`` trades exactness for speed. Options that the method does not use (``delta`` with vanilla, ...)
-    are refused, as are prompt ids outside the vocabulary (before anything is decoded).
+    are refused, as are prompt ids outside the vocabulary (before anything is decoded). ``steps`` / ``strategy``:
+    a quota rule's passes per block and strategy (SDAR; refused for other families).
     """
     options = {k: v for k, v in options.items() if v is not None}  # None = not given, as in MethodConfig
     unknown = [k for k in options if k not in METHOD_OPTIONS]
@@ -236,7 +245,8 @@ def generate(
         method_cfg = method
     else:
         method_cfg = MethodConfig(method, **options)
-    cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk)
+    cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk, steps,
+                            strategy)
     m = prepare_method(model, method_cfg, cfg)
     several = isinstance(prompt_or_ids, list | tuple) and bool(prompt_or_ids) and not isinstance(prompt_or_ids[0], int)
     prompts = list(prompt_or_ids) if several else [prompt_or_ids]
@@ -263,7 +273,7 @@ def record_traces(
     """Decode calibration prompts vanilla and keep every block's trajectory (one list of blocks per prompt)."""
     out: list[list[BlockTrace]] = []
     for i, ids in enumerate(prompts):
-        recorder = TraceRecorder(model.mask_id, cfg.small_block_size, model.stop_id, max_vocab_rank)
+        recorder = TraceRecorder(model.mask_id, cfg.small_block_size, model.stop_ids, max_vocab_rank)
         decode(model, list(ids), cfg, observer=recorder)
         out.append(recorder.traces)
         if progress is not None:

@@ -10,6 +10,7 @@ from specfold.cli.common import (
     UsageError,
     add_decode_args,
     add_model_args,
+    add_quota_args,
     check_outputs,
     load_from_args,
     non_negative_float,
@@ -69,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1000, help="train-split stream for --split train (default 1000)")
     add_model_args(p)
     add_decode_args(p)
+    add_quota_args(p)
     p.set_defaults(func=run)
 
 
@@ -111,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         source = "synthetic suite, calib split (" + ", ".join(TASKS) + ")"
     if len(samples) < args.samples:
         raise UsageError(f"only {len(samples)} calibration prompts available, asked for {args.samples}")
-    cfg = decode_config_for(model, args.max_new_tokens, args.threshold, args.block_size, args.small_block_size)
+    cfg = decode_config_for(model, args.max_new_tokens, args.threshold, args.block_size, args.small_block_size,
+                            steps=args.steps, strategy=args.strategy)
     prompts = [encode_prompt(model, s.prompt, chat=not args.no_chat) for s in samples]
     bar = progress_bar(len(prompts), "calibrate")
     traces = record_traces(model, prompts, cfg, progress=lambda i: bar.update(1))

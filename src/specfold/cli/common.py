@@ -198,6 +198,19 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_quota_args(p: argparse.ArgumentParser) -> None:
+    """``--steps`` / ``--strategy``: a quota rule's passes per block and strategy (SDAR; refused for families whose
+    rule has no quota)."""
+    from specfold.config import QUOTA_STRATEGIES
+
+    g = p.add_argument_group("quota rule (SDAR)")
+    g.add_argument("--steps", type=positive_int, default=None,
+                   help="denoising passes per block (default: the block size)")
+    g.add_argument("--strategy", choices=list(QUOTA_STRATEGIES), default=None,
+                   help="low_confidence_dynamic (default: all above --threshold when at least the step's quota are, "
+                   "else the quota most confident) or low_confidence_static (always the quota most confident)")
+
+
 # The method options as the CLI spells them (the MethodConfig field names are the keys), and their help.
 METHOD_FLAGS = {
     "graph": "--graph",

@@ -12,6 +12,7 @@ from specfold.cli.common import (
     add_decode_args,
     add_method_args,
     add_model_args,
+    add_quota_args,
     id_list,
     load_from_args,
     method_config,
@@ -59,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt (one per line)")
     add_model_args(p)
     add_decode_args(p)
+    add_quota_args(p)
     p.add_argument(
         "--prefill-chunk",
         type=positive_int,
@@ -157,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         method=method,
         chat=not args.no_chat,
         prefill_chunk=args.prefill_chunk,
+        steps=args.steps,
+        strategy=args.strategy,
     )
     results = out if isinstance(out, list) else [out]
     for i, result in enumerate(results):

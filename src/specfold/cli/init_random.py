@@ -16,7 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write config.json + model.safetensors with random weights (for tests and demos).",
     )
     p.add_argument("out", help="output directory")
-    p.add_argument("--family", choices=["fast_dllm_v2", "nld"], default="fast_dllm_v2")
+    from specfold.model.families import FAMILIES
+
+    p.add_argument("--family", choices=sorted(FAMILIES), default="fast_dllm_v2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab-size", type=positive_int, default=301)
     p.add_argument("--hidden-size", type=positive_int, default=96)

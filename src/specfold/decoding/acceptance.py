@@ -34,6 +34,7 @@ import torch
 
 from specfold.decoding.draft_graph import DraftGraph, Formula, Step, formula_to_str, parse_formula
 from specfold.decoding.drafts import DraftContext, build_drafts, compile_graph, stops_reached, window_masks
+from specfold.decoding.unmasking import StopIds
 
 PATHS_FORMAT = "specfold.calibration_paths"
 PATHS_VERSION = 1
@@ -55,7 +56,7 @@ class BlockTrace:
     gen_start: int
     mask_id: int
     small_block_size: int | None
-    stop_id: int | None
+    stop_id: StopIds
 
     def __post_init__(self) -> None:
         if len(self.states) != len(self.contexts):

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import torch
 
 from specfold.config import DecodeConfig
-from specfold.decoding.unmasking import rule_step, stop_reached
+from specfold.decoding.unmasking import StopIds, quota_short, rule_step, stop_ids_tuple, stop_reached
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.stats import FoldStats
 from specfold.model.cache import BatchCache
@@ -176,6 +176,36 @@ class NonFiniteLogits(ValueError):
     """A pass produced NaN or infinite logits (broken weights, or an overflow in the chosen dtype)."""
 
 
+class QuotaShort(ValueError):
+    """A quota rule's pass found fewer masks than its quota, where the reference would rewrite decoded positions
+    (:func:`~specfold.decoding.unmasking.quota_short`)."""
+
+
+def check_quota_rule(rule: UnmaskRule, block_size: int, gen_start: int | None = None) -> None:
+    """Refuse, before decoding, a quota schedule under which the reference (SDAR's top-k over the whole block)
+    rewrites decoded positions: ``low_confidence_dynamic`` with fewer steps than the block size (a pass that
+    unmasks more than its quota leaves a later one short), and ``low_confidence_static`` whose first block holds a
+    prompt tail of ``gen_start`` tokens that the schedule's quotas overrun (fewer masks than a pass's quota)."""
+    if not rule.has_quota or rule.max_steps(block_size) >= block_size:
+        return
+    steps = rule.max_steps(block_size)
+    if rule.kind == "quota_dynamic":
+        raise ValueError(
+            f"steps {steps} < block size {block_size} with low_confidence_dynamic: the reference's top-k then rewrites "
+            "decoded positions (after a pass above its quota); use steps >= block size or low_confidence_static"
+        )
+    left = block_size - (gen_start or 0)
+    for s in range(steps):
+        q = rule.quota(block_size, s)
+        if 0 < left < q:
+            raise ValueError(
+                f"a prompt tail of {gen_start} tokens in the first block of {block_size} with steps {steps}: pass {s} "
+                f"would have {left} masks for a quota of {q}, and the reference's top-k rewrites prompt tokens then; "
+                "use steps >= block size or a prompt of whole blocks"
+            )
+        left -= min(q, left)
+
+
 @dataclass
 class PassOutcome:
     """What one verification pass did to a block: the new state, rule applications, accepted drafts, the stop
@@ -195,22 +225,32 @@ def apply_pass(
     gen_start: int,
     cfg: DecodeConfig,
     mask_id: int,
-    stop_id: int | None,
+    stop_id: StopIds,
     rule: UnmaskRule,
     budget: int,
     observer: StepObserver | None = None,
+    step0: int = 0,
 ) -> PassOutcome:
     """Apply the rule to row 0's logits and, while the next state equals a verified state exactly, continue from
-    that row's logits (an accepted draft): the vanilla trajectory, several steps per pass, at most ``budget``."""
+    that row's logits (an accepted draft): the vanilla trajectory, several steps per pass, at most ``budget``.
+    ``step0``: rule applications the block already had (a quota rule's pass index)."""
     row = steps = accepted = 0
     while True:
         row_logits = logits[row]
-        block, conf = rule_step(row_logits, block, mask_id, cfg.small_block_size, cfg.threshold, rule)
+        short = quota_short(block, mask_id, rule, step0 + steps)
+        block, conf = rule_step(row_logits, block, mask_id, cfg.small_block_size, cfg.threshold, rule, step0 + steps)
         steps += 1
-        # NOTE: one host read for both: does the block still hold a mask, and were these logits finite
-        masked, finite = torch.stack([(block == mask_id).any(), torch.isfinite(conf).all()]).tolist()
+        # NOTE: one host read for all three: does the block still hold a mask, were these logits finite, and did a
+        # quota rule's pass have fewer masks than its quota
+        masked, finite, short = torch.stack([(block == mask_id).any(), torch.isfinite(conf).all(), short]).tolist()
         if not finite:
             raise NonFiniteLogits("the model produced non-finite logits")
+        if short:
+            raise QuotaShort(
+                f"pass {step0 + steps - 1} of a block has fewer masks left than its quota "
+                f"{rule.quota(block.shape[-1], step0 + steps - 1)} (steps {rule.steps} < block size "
+                f"{block.shape[-1]}): the reference's top-k would rewrite decoded positions here; use more steps"
+            )
         if observer is not None:
             observer.step(row_logits, block)
         stop_at = stop_reached(block, gen_start, mask_id, stop_id)
@@ -267,7 +307,8 @@ class Decoder:
         self.model, self.cfg, self.max_batch = model, cfg, max_batch
         net, c = model.net, model.config
         self.family: FamilySpec = family_of(c)
-        self.rule = self.family.rule
+        self.rule = self.family.rule.with_options(cfg.strategy, cfg.steps)
+        check_quota_rule(self.rule, cfg.block_size)
         self.verifier = getattr(method, "verifier", None) or DenseVerifier(net)
         self.drafter = getattr(method, "drafter", None)
         self.lookahead = self.drafter is not None and getattr(self.drafter, "lookahead", False)
@@ -289,6 +330,7 @@ class Decoder:
         if request.request_id in self.active or any(w[0] == request.request_id for w in self.waiting):
             raise ValueError(f"request id {request.request_id!r} is already in the batch")
         prompt = check_prompt(self.model, request.prompt_ids, cfg)
+        check_quota_rule(self.rule, cfg.block_size, prompt.numel() % cfg.block_size)
         if cache_rows_needed(prompt.numel(), cfg) > self.cache.capacity:
             raise ValueError(
                 f"prompt ({prompt.numel()} tokens) + max_new_tokens ({cfg.max_new_tokens}) needs "
@@ -383,8 +425,8 @@ class Decoder:
         budget = self.rule.max_steps(req.cfg.block_size) - req.steps
         try:
             out = apply_pass(
-                logits, states, req.block, req.gen_start, req.cfg, self.model.mask_id, self.model.stop_id,
-                self.rule, budget, req.observer,
+                logits, states, req.block, req.gen_start, req.cfg, self.model.mask_id, self.model.stop_ids,
+                self.rule, budget, req.observer, req.steps,
             )
         except NonFiniteLogits:
             raise NonFiniteLogits(
@@ -404,7 +446,7 @@ class Decoder:
     def _settle(self, reqs: list[_Request], events: list[BatchEvent]) -> None:
         """After a rule application: finish blocks whose stop, last mask or step cap was reached, write them to the
         caches (one batched forward), seed the next blocks, and repeat for blocks finished at once; emit events."""
-        n, mask_id, stop_id = self.cfg.block_size, self.model.mask_id, self.model.stop_id
+        n, mask_id, stop_id = self.cfg.block_size, self.model.mask_id, self.model.stop_ids
         pending = reqs
         while pending:
             to_write = []
@@ -442,7 +484,8 @@ class Decoder:
         out = commit_blocks(self.model.net, self.family, self.cache, slots, lengths, blocks, mask_id, guesses)
         for req, seed, first in zip(reqs, out.seeds, out.first_logits, strict=True):
             req.nfe_cache += 1
-            req.block, req.gen_start, req.steps, req.ctx_logits = seed_block(seed, n, mask_id), 0, 0, None
+            nxt = seed_block(seed, n, mask_id) if self.family.seeded_blocks else torch.full_like(req.block, mask_id)
+            req.block, req.gen_start, req.steps, req.ctx_logits = nxt, 0, 0, None
             if req.observer is not None:
                 req.observer.block_start(req.block, 0)
             if first is not None:
@@ -457,9 +500,10 @@ class Decoder:
         return self._emit(req, req.generated + tail[:upto].tolist())
 
     def _emit(self, req: _Request, current: list[int]) -> list[int]:
-        stop_id = self.model.stop_id
-        if stop_id is not None and stop_id in current:
-            current = current[: current.index(stop_id) + 1]
+        stops = stop_ids_tuple(self.model.stop_ids)
+        first = next((i for i, t in enumerate(current) if t in stops), None)
+        if first is not None:
+            current = current[: first + 1]
         current = current[: req.cfg.max_new_tokens]
         new = current[req.emitted :]
         req.emitted = max(req.emitted, len(current))
@@ -479,7 +523,7 @@ class Decoder:
             steps_per_block=req.steps_per_block,
             seconds=seconds,
             generated_tokens=len(generated),
-            stopped=req.stop_at is not None and self.model.stop_id in generated,
+            stopped=req.stop_at is not None and any(t in self.model.stop_ids for t in generated),
             accepted_drafts=req.accepted,
             boundary_drafts=req.boundary,
             engine_stats=req.engine_stats,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from specfold.decoding.draft_graph import DraftGraph, formula_pairs
-from specfold.decoding.unmasking import eligible_mask
+from specfold.decoding.unmasking import StopIds, eligible_mask, stop_ids_tuple
 
 
 @dataclass(frozen=True)
@@ -229,16 +229,18 @@ def stops_reached(
     states: torch.Tensor,  # [..., N]
     gen_start: int,
     mask_id: int,
-    stop_id: int | None,
+    stop_id: StopIds,
 ) -> torch.Tensor:
-    """Vectorised :func:`stop_reached`: ``[..., N]`` -> bool ``[...]``, True where a stop token at a position
-    ``>= gen_start`` has no mask before it (within ``[gen_start, n)``)."""
-    if stop_id is None:
+    """Vectorised :func:`stop_reached`: ``[..., N]`` -> bool ``[...]``, True where a stop token (any of
+    ``stop_id``) at a position ``>= gen_start`` has no mask before it (within ``[gen_start, n)``)."""
+    stops = stop_ids_tuple(stop_id)
+    if not stops:
         return torch.zeros(states.shape[:-1], dtype=torch.bool, device=states.device)
     gen = states[..., gen_start:]
     masked = (gen == mask_id).long()
     masks_before = masked.cumsum(-1) - masked
-    return ((gen == stop_id) & (masks_before == 0)).any(-1)
+    is_stop = torch.isin(gen, torch.tensor(stops, dtype=gen.dtype, device=gen.device))
+    return (is_stop & (masks_before == 0)).any(-1)
 
 
 def node_states(
@@ -247,7 +249,7 @@ def node_states(
     x0: torch.Tensor,  # [N] main state X_0 (the state ctx was built from)
     mask_id: int,
     small_block_size: int | None,
-    stop_id: int | None,
+    stop_id: StopIds,
     gen_start: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every node's state and whether it is kept before dedup: ``(states [M, N], alive [M] bool)``.
@@ -289,7 +291,7 @@ def build_drafts(
     x0: torch.Tensor,  # [N] main state X_0 (the state ctx was built from)
     mask_id: int,
     small_block_size: int | None,
-    stop_id: int | None,
+    stop_id: StopIds,
     gen_start: int,
 ) -> DraftBatch:
     """The kept draft rows of ``compiled`` for this step (see the module docstring for the rules)."""

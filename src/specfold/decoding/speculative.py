@@ -15,6 +15,7 @@ import torch
 from specfold.decoding.acceptance import BlockTrace
 from specfold.decoding.draft_graph import DraftGraph
 from specfold.decoding.drafts import build_drafts, compile_graph, draft_context
+from specfold.decoding.unmasking import StopIds
 
 
 class GraphDrafter:
@@ -23,7 +24,7 @@ class GraphDrafter:
     :mod:`specfold.decoding.decoder`)."""
 
     def __init__(
-        self, graph: DraftGraph, mask_id: int, small_block_size: int | None, stop_id: int | None,
+        self, graph: DraftGraph, mask_id: int, small_block_size: int | None, stop_id: StopIds,
         device: torch.device | str = "cpu", lookahead: bool = False,
     ) -> None:
         self.graph, self.lookahead = graph, lookahead
@@ -44,7 +45,7 @@ class GraphDrafter:
 class TraceRecorder:
     """A :class:`~specfold.decoding.decoder.StepObserver` that records every block of a vanilla decode."""
 
-    def __init__(self, mask_id: int, small_block_size: int | None, stop_id: int | None, max_vocab_rank: int) -> None:
+    def __init__(self, mask_id: int, small_block_size: int | None, stop_id: StopIds, max_vocab_rank: int) -> None:
         self.mask_id, self.small_block_size, self.stop_id = mask_id, small_block_size, stop_id
         self.max_vocab_rank = max_vocab_rank
         self.traces: list[BlockTrace] = []

@@ -12,10 +12,19 @@ to the lowest id, so the rule is deterministic. The argmax may be the mask token
 exclude it): that position then stays masked.
 
 Eligibility follows the family's protocol: with a small block size ``S`` (Fast-dLLM-v2) only masks inside the
-first small block that still has a mask are eligible; without one (Nemotron-Labs-Diffusion) every mask is.
+first small block that still has a mask are eligible; without one (Nemotron-Labs-Diffusion, SDAR) every mask is.
+
+Quota rules (SDAR, ``UnmaskRule.kind`` ``quota_dynamic`` / ``quota_static``) take the pass's index within the block
+instead of the "single most confident" floor: pass ``s`` unmasks the ``quota(N, s)`` most confident masked
+positions (ties to the lowest position), or — dynamic — every masked position strictly above the threshold when
+there are at least ``quota`` of them. Upstream's top-k runs over the whole block with ``-inf`` for decoded
+positions, so a pass whose quota exceeds the masks left would rewrite decoded positions (in an order top-k leaves
+undefined): :func:`quota_short` flags that case and the decoder refuses it rather than differ silently.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -72,6 +81,35 @@ def select_unmask(
     return chosen
 
 
+def select_quota(
+    conf: torch.Tensor, eligible: torch.Tensor, threshold: float, quota: int, dynamic: bool
+) -> torch.Tensor:
+    """Positions a quota rule unmasks: the ``quota`` most confident eligible positions (ties to the lowest
+    position); ``dynamic``: every eligible position with ``conf > threshold`` instead when there are at least
+    ``quota`` of them (SDAR's ``low_confidence_dynamic``). Never more positions than are eligible.
+
+    conf: ``[..., N]``; eligible: bool ``[..., N]``. Returns bool ``[..., N]``.
+    """
+    neg = torch.tensor(float("-inf"), dtype=conf.dtype, device=conf.device)
+    masked_conf = torch.where(eligible, conf, neg)
+    order = torch.sort(masked_conf, dim=-1, descending=True, stable=True).indices  # stable: lowest position first
+    rank = order.argsort(dim=-1)  # each position's place in that order
+    chosen = eligible & (rank < quota)
+    if dynamic:
+        above = eligible & (conf > threshold)
+        chosen = torch.where((above.sum(-1, keepdim=True) >= quota), above, chosen)
+    return chosen
+
+
+def quota_short(state: torch.Tensor, mask_id: int, rule: UnmaskRule, step: int) -> torch.Tensor:
+    """Whether a quota rule's pass ``step`` has fewer masks left than its quota (but some): upstream's top-k would
+    then rewrite decoded positions. state: ``[..., N]``; returns bool ``[...]`` (all False for a threshold rule)."""
+    if not rule.has_quota:
+        return torch.zeros(state.shape[:-1], dtype=torch.bool, device=state.device)
+    left = (state == mask_id).sum(-1)
+    return (left > 0) & (left < rule.quota(state.shape[-1], step))
+
+
 def unmask_step(
     logits: torch.Tensor,  # [..., N, V]
     state: torch.Tensor,  # [..., N]
@@ -79,9 +117,11 @@ def unmask_step(
     small_block_size: int | None,
     threshold: float,
     rule: UnmaskRule = DEFAULT_RULE,
+    step: int = 0,
 ) -> torch.Tensor:
-    """One application of the rule. Returns the next state ``[..., N]`` (a new tensor)."""
-    return rule_step(logits, state, mask_id, small_block_size, threshold, rule)[0]
+    """One application of the rule (``step``: the pass's index within the block, used by quota rules). Returns the
+    next state ``[..., N]`` (a new tensor)."""
+    return rule_step(logits, state, mask_id, small_block_size, threshold, rule, step)[0]
 
 
 def rule_step(
@@ -91,23 +131,39 @@ def rule_step(
     small_block_size: int | None,
     threshold: float,
     rule: UnmaskRule = DEFAULT_RULE,
+    step: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`unmask_step` that also returns the confidences it used ``[..., N]`` (non-finite ones flag bad logits)."""
     conf, top = confidence(logits, rule)
-    chosen = select_unmask(conf, eligible_mask(state, mask_id, small_block_size), threshold, rule.inclusive)
+    eligible = eligible_mask(state, mask_id, small_block_size)
+    if rule.has_quota:
+        quota = rule.quota(state.shape[-1], step)
+        chosen = select_quota(conf, eligible, threshold, quota, rule.kind == "quota_dynamic")
+    else:
+        chosen = select_unmask(conf, eligible, threshold, rule.inclusive)
     return torch.where(chosen, top, state), conf
 
 
-def stop_reached(state: torch.Tensor, gen_start: int, mask_id: int, stop_id: int | None) -> int | None:
-    """Index (in the block) of a stop token unmasked with no mask before it, if any.
+StopIds = int | Sequence[int] | None  # one stop id, several (SDAR), or none
+
+
+def stop_ids_tuple(stop: StopIds) -> tuple[int, ...]:
+    if stop is None:
+        return ()
+    return (int(stop),) if isinstance(stop, int) else tuple(int(s) for s in stop)
+
+
+def stop_reached(state: torch.Tensor, gen_start: int, mask_id: int, stop_id: StopIds) -> int | None:
+    """Index (in the block) of a stop token (any of ``stop_id``) unmasked with no mask before it, if any.
 
     state: ``[N]``. Only generated positions ``>= gen_start`` count: a prompt tail may hold a stop token of an
     earlier chat turn. Returns the first such index or ``None``.
     """
-    if stop_id is None:
+    stops = stop_ids_tuple(stop_id)
+    if not stops:
         return None
     gen = state[gen_start:]
-    is_stop = gen == stop_id
+    is_stop = torch.isin(gen, torch.tensor(stops, dtype=gen.dtype, device=gen.device))
     if not bool(is_stop.any()):
         return None
     first_stop = int(is_stop.nonzero()[0, 0])

@@ -256,13 +256,15 @@ class DLLM(nn.Module):
         cache: PrefixCache,
         mask: str = "causal",
         chunk: int | None = None,
+        block_size: int | None = None,
     ) -> Prefill:
         """Append a prompt's K/V to the cache in chunks (``causal``, or ``block_causal`` with the family's block
         size counted from the prompt's first row) and return the raw logits of its last row.
 
         Each chunk of ``chunk`` rows (see :func:`prefill_chunk_size`) sees the cache written so far and itself
         with ``mask``: the cache and last row equal a one-shot :meth:`forward` over the whole prompt. The cache is
-        reserved once; a prompt past ``max_position_embeddings`` is refused before any work.
+        reserved once; a prompt past ``max_position_embeddings`` is refused before any work. ``block_size``: the
+        ``block_causal`` block (default the model's; SDAR's blocks are the decode's block length).
         """
         if mask not in ("causal", "block_causal"):
             raise ValueError(f"prefill needs a causal or block_causal mask, got {mask!r}")
@@ -272,14 +274,17 @@ class DLLM(nn.Module):
         limit = self.cfg.max_position_embeddings
         if start + t > limit:
             raise ValueError(f"the prompt ends at position {start + t}, past the model's position limit {limit}")
-        size = prefill_chunk_size(chunk, mask, self.cfg.block_size)
+        block = block_size or self.cfg.block_size
+        size = prefill_chunk_size(chunk, mask, block)
         cache.reserve(start + t)
         chunks = range(0, t, size)
         for a in chunks:
-            h = self._prefill_chunk(tokens[a : a + size], cache, mask, last=a + size >= t)
+            h = self._prefill_chunk(tokens[a : a + size], cache, mask, last=a + size >= t, block=block)
         return Prefill(self.logits(h)[0], len(chunks))
 
-    def _prefill_chunk(self, tokens: torch.Tensor, cache: PrefixCache, mask: str, last: bool) -> torch.Tensor:
+    def _prefill_chunk(
+        self, tokens: torch.Tensor, cache: PrefixCache, mask: str, last: bool, block: int | None = None
+    ) -> torch.Tensor:
         """tokens ``[C]`` at positions ``cache.length ..``, chunk-aligned. Writes and commits their K/V; returns the
         final hidden state of the last row ``[1, E]`` when ``last`` (an empty ``[0, E]`` otherwise)."""
         c, p = tokens.numel(), cache.length
@@ -289,7 +294,7 @@ class DLLM(nn.Module):
         causal = mask == "causal" and p == 0
         bias = None
         if not causal:
-            inner = block_bias(mask, c, self.cfg.block_size, self.dtype, self.device)  # [C, C]
+            inner = block_bias(mask, c, block or self.cfg.block_size, self.dtype, self.device)  # [C, C]
             bias = torch.cat([inner.new_zeros(c, p), inner], dim=1)  # [C, P + C]
         h = F.embedding(tokens, self.embed)  # [C, E]
         for i, layer in enumerate(self.layers):
