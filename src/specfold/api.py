@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ from specfold.engine.base import Verifier
 from specfold.engine.dense import DenseVerifier
 from specfold.model.families import family_of
 from specfold.model.loading import LoadedModel, load_model
-from specfold.validation import ValidationError, check_token_ids
+from specfold.validation import CHAT_ROLES, ValidationError, check_messages, check_text, check_token_ids
 
 __all__ = [
+    "CHAT_ROLES",
     "METHODS",
     "GenerationResult",
     "Method",
@@ -38,6 +39,7 @@ __all__ = [
     "record_counts",
     "record_traces",
     "resolve_graph",
+    "tokenize",
     "truncate_at_stop",
 ]
 
@@ -49,9 +51,9 @@ PATHS_FILE = "draft_graph.paths.json"  # its calibration paths: any B / depth ca
 
 
 def encode_prompt(model: LoadedModel, prompt: str, chat: bool = True) -> list[int]:
-    """Token ids of a text prompt, through the model's chat template when it has one and ``chat`` is set."""
-    if not prompt:
-        raise ValueError("empty prompt")
+    """Token ids of a text prompt, through the model's chat template when it has one and ``chat`` is set. The
+    text must be Unicode scalar values with more than whitespace (:func:`~specfold.validation.check_text`)."""
+    check_text(prompt)
     tok = model.tokenizer
     if tok is None:
         raise ValueError(f"{model.path} has no tokenizer; pass token ids instead of text")
@@ -59,29 +61,29 @@ def encode_prompt(model: LoadedModel, prompt: str, chat: bool = True) -> list[in
         text = tok.apply_chat_template(
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
-        return list(tok.encode(text, add_special_tokens=False))
-    return list(tok.encode(prompt, add_special_tokens=False))
+        return tokenize(tok, text)
+    return tokenize(tok, prompt)
 
 
-CHAT_ROLES = ("system", "user", "assistant")
+def tokenize(tok: Any, text: str) -> list[int]:
+    """``text``'s token ids, no special tokens added. NOTE: ``verbose=False`` silences the tokenizer's "indexing
+    errors" warning, which compares with its ``model_max_length``; the model's position limit is what counts, and
+    :func:`~specfold.decoding.core.check_prompt` checks it."""
+    return list(tok.encode(text, add_special_tokens=False, verbose=False))
+
+
 
 
 def encode_messages(model: LoadedModel, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``, roles system / user / assistant)
     through the model's chat template, ending with the prompt for the assistant's next turn."""
-    if not isinstance(messages, list | tuple) or not messages:
-        raise ValueError("messages must be a non-empty list of {role, content} objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"message {i} must be an object with string 'role' and 'content', got {str(m)[:60]}")
-        if m["role"] not in CHAT_ROLES:
-            raise ValueError(f"message {i} has role {m['role']!r}; expected one of {', '.join(CHAT_ROLES)}")
+    check_messages(messages)
     tok = model.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError(f"{model.path} has no chat template; a message list needs one")
     chat = [{"role": m["role"], "content": m["content"]} for m in messages]
     text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    return list(tok.encode(text, add_special_tokens=False))
+    return tokenize(tok, text)
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str | None]:
@@ -109,7 +111,8 @@ def decode_config_for(
     """Decoding parameters with the family's defaults (block = the checkpoint's ``bd_size``; small blocks of 8
     for Fast-dLLM-v2, none for Nemotron-Labs-Diffusion; prefill chunks of ``DEFAULT_PREFILL_CHUNK`` rows).
     ``steps`` / ``strategy``: a quota rule's passes per block and strategy (SDAR), refused for other families."""
-    sbs = family_of(model.config).default_small_block_size if small_block_size == "auto" else small_block_size
+    family = family_of(model.config)
+    sbs = family.default_small_block_size if small_block_size == "auto" else small_block_size
     cfg = DecodeConfig(
         max_new_tokens=max_new_tokens,
         threshold=threshold,
@@ -120,8 +123,16 @@ def decode_config_for(
         strategy=strategy,
     )
     family_of(model.config).rule.with_options(strategy, steps)  # ConfigError (a ValueError) without a quota rule
-    if cfg.small_block_size is not None and cfg.small_block_size > cfg.block_size:
-        cfg = replace(cfg, small_block_size=cfg.block_size)
+    n, model_n = cfg.block_size, model.config.block_size
+    if family.prefill_mask == "block_causal" and model_n % n:
+        # the prompt was trained block-causally in blocks of model_n: a block must tile them
+        raise ValidationError(f"block_size {n} does not divide the model's block size {model_n} (block-causal family)")
+    if cfg.small_block_size is not None and cfg.small_block_size > n:
+        which = "the family's default small block" if small_block_size == "auto" else "small_block_size"
+        raise ValidationError(
+            f"{which} {cfg.small_block_size} is larger than block_size {n}; give a small block size that "
+            f"divides it (or 'none')"
+        )
     cfg.validate()
     return cfg
 
@@ -182,7 +193,7 @@ def prepare_method(model: LoadedModel, method: MethodConfig, decode_cfg: DecodeC
         raise TypeError(f"prepare_method takes a MethodConfig, got {type(method).__name__}")
     cfg = decode_cfg if decode_cfg is not None else decode_config_for(model)
     if method.method is MethodName.VANILLA:
-        return Method("vanilla", DenseVerifier(model.net), None)
+        return Method("vanilla", DenseVerifier(model.net, compile=method.compiled), None)
     g = resolve_graph(model, method.graph, method.budget, method.depth)
     g.check(cfg.block_size, model.config.vocab_size)
     why = lookahead_supported(model.net, model.config.family, cfg.block_size)
@@ -193,12 +204,13 @@ def prepare_method(model: LoadedModel, method: MethodConfig, decode_cfg: DecodeC
         g, model.mask_id, cfg.small_block_size, model.stop_ids, device=model.net.device, lookahead=on
     )
     if method.method is MethodName.SPIFFY:
-        return Method("spiffy", DenseVerifier(model.net), drafter, g)
+        return Method("spiffy", DenseVerifier(model.net, compile=method.compiled), drafter, g)
     from specfold.engine.folded import FoldedVerifier
 
     fold = method.fold
     verifier = FoldedVerifier(
-        model.net, delta=fold.delta, backend=fold.backend.value, ffn=fold.ffn.value, attention=fold.attention.value
+        model.net, delta=fold.delta, backend=fold.backend.value, ffn=fold.ffn.value, attention=fold.attention.value,
+        compile=method.compiled,
     )
     return Method("specfold", verifier, drafter, g)
 

@@ -14,14 +14,20 @@ of specfold. The method options are checked by :class:`~specfold.config.MethodCo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "CHAT_ROLES",
     "ValidationError",
     "check_device",
+    "check_messages",
+    "check_text",
     "check_token_ids",
 ]
+
+
+CHAT_ROLES = ("system", "user", "assistant")  # the roles of a conversation the CLI and the API take
 
 
 class ValidationError(ValueError):
@@ -38,6 +44,42 @@ def check_token_ids(ids: Iterable[int], vocab_size: int) -> None:
         raise ValidationError(f"the prompt has token id {top}, past the vocabulary ({vocab_size})")
     if low < 0:
         raise ValidationError(f"the prompt has a negative token id {low}")
+
+
+def check_text(text: Any, what: str = "the prompt") -> str:
+    """``text`` as prompt text: a string of Unicode scalar values (no lone surrogate: what an undecodable byte in
+    a command-line argument becomes, or a ``"\\ud800"`` JSON escape) holding more than whitespace."""
+    if not isinstance(text, str):
+        raise ValidationError(f"{what} must be text, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        why = (f"an undecodable byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF
+               else f"a lone surrogate U+{code:04X}")
+        raise ValidationError(f"{what} is not valid Unicode text: character {exc.start} is {why}") from None
+    if not text.strip():
+        empty = "empty prompt" if what == "the prompt" else f"{what} is empty"
+        raise ValidationError(empty if not text else f"{what} is only whitespace")
+    return text
+
+
+def check_messages(messages: Any, what: str = "messages") -> None:
+    """ValidationError unless ``messages`` is a non-empty list of ``{"role", "content"}`` objects, each role one of
+    :data:`CHAT_ROLES` and each content prompt text (:func:`~specfold.validation.check_text`)."""
+    if not isinstance(messages, list | tuple) or not messages:
+        got = "an empty list" if isinstance(messages, list | tuple) else f"a {type(messages).__name__}"
+        raise ValidationError(f"{what} must be a non-empty list of {{role, content}} objects, got {got}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValidationError(
+                f"message {i} must be an object with string 'role' and 'content', got {str(m)[:60]}"
+            )
+        if m["role"] not in CHAT_ROLES:
+            raise ValidationError(f"message {i} has role {m['role']!r}; expected one of {', '.join(CHAT_ROLES)}")
+        if set(m) - {"role", "content"}:
+            raise ValidationError(f"message {i} has unknown field(s) {', '.join(sorted(set(m) - {'role', 'content'}))}")
+        check_text(m["content"], f"message {i} content")
 
 
 def check_device(device: Any) -> str:

@@ -19,6 +19,7 @@ from specfold.cli.common import (
     positive_int,
 )
 from specfold.model.transformer import DEFAULT_PREFILL_CHUNK
+from specfold.validation import check_messages, check_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,22 +78,43 @@ Conversation = list[dict]  # [{"role", "content"}, ...], checked by specfold.api
 
 def _read_json(path: str, what: str):
     try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read {what} {path!r}: {exc.strerror}") from None
+        return json.loads(_read_text(path, what))
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} {path!r} is not JSON: {exc.msg} (line {exc.lineno})") from None
 
 
-def read_prompts_file(path: str) -> list[str | Conversation]:
-    """Text prompts (one per non-blank line), or from a ``.jsonl`` file strings and conversations."""
+def _read_text(path: str, what: str) -> str:
     try:
-        lines = Path(path).read_text().splitlines()
+        data = Path(path).read_bytes()
     except OSError as exc:
-        raise UsageError(f"cannot read --prompts-file {path!r}: {exc.strerror}") from None
+        raise UsageError(f"cannot read {what} {path!r}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UsageError(f"{what} {path!r} line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+
+
+def _checked(item, where: str) -> str | Conversation:
+    """A prompt (text) or a conversation (a message list), each checked (``where`` names it in the error)."""
+    try:
+        if isinstance(item, list):
+            check_messages(item, where)
+        else:
+            check_text(item, where)
+    except ValueError as exc:
+        raise UsageError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+    return item
+
+
+def read_prompts_file(path: str) -> list[str | Conversation]:
+    """Text prompts (one per non-blank line), or from a ``.jsonl`` file strings and conversations; each prompt
+    Unicode text with more than whitespace, each conversation a valid message list."""
+    lines = _read_text(path, "--prompts-file").splitlines()
     if not path.endswith(".jsonl"):
-        return [line for line in lines if line.strip()]
+        return [_checked(line, f"{path} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
     out: list[str | Conversation] = []
+    shapes = 'expected a JSON string, {"prompt": TEXT} or {"messages": [...]}'
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -100,21 +122,31 @@ def read_prompts_file(path: str) -> list[str | Conversation]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{path} line {n} is not JSON: {exc.msg}") from None
-        if isinstance(item, dict) and set(item) in ({"prompt"}, {"messages"}):
-            item = item.get("prompt", item.get("messages"))
-        if not isinstance(item, str | list):
-            raise UsageError(f'{path} line {n}: expected a JSON string, {{"prompt": TEXT}} or {{"messages": [...]}}')
-        out.append(item)
+        if isinstance(item, dict) and set(item) == {"prompt"} and isinstance(item["prompt"], str):
+            item = item["prompt"]
+        elif isinstance(item, dict) and set(item) == {"messages"} and isinstance(item["messages"], list):
+            item = item["messages"]
+        elif not isinstance(item, str):
+            raise UsageError(f"{path} line {n}: {shapes}, got {line.strip()[:60]}")
+        out.append(_checked(item, f"{path} line {n}"))
     return out
 
 
 def gather_prompts(args: argparse.Namespace) -> list[str | Conversation | list[int]]:
     """Every prompt the options name, in order: positional, then --prompts-file, then --messages (or the ids)."""
-    prompts: list[str | Conversation | list[int]] = list(args.prompt)
+    prompts: list[str | Conversation | list[int]] = [_checked(p, "the prompt") for p in args.prompt]
+    if args.system is not None:
+        _checked(args.system, "--system")
     if args.prompts_file is not None:
         prompts += read_prompts_file(args.prompts_file)
     if args.messages is not None:
-        prompts.append(_read_json(args.messages, "--messages"))
+        conversation = _read_json(args.messages, "--messages")
+        if not isinstance(conversation, list):
+            raise UsageError(
+                f"--messages {args.messages!r} must hold a JSON list of {{role, content}} objects, got a "
+                f"{'JSON string' if isinstance(conversation, str) else type(conversation).__name__}"
+            )
+        prompts.append(_checked(conversation, f"--messages {args.messages}"))
     if args.prompt_ids is not None:
         if prompts:
             raise UsageError("give either --prompt-ids or text prompts (PROMPT, --prompts-file, --messages)")
