@@ -11,6 +11,7 @@ from specfold.cli.common import (
     add_model_args,
     given_method_options,
     load_from_args,
+    non_negative_float,
     positive_int,
 )
 from specfold.config import MethodConfig, MethodName
@@ -48,6 +49,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-queue", type=_non_negative_int, default=64,
         help="requests waiting beyond --max-batch (default 64); more concurrent requests get 429",
     )
+    p.add_argument(
+        "--max-body-bytes", type=positive_int, default=4 * 1024 * 1024,
+        help="a larger request body is answered 413 before it is read (default 4 MiB)",
+    )
+    p.add_argument(
+        "--drain-seconds", type=non_negative_float, default=5.0,
+        help="on SIGTERM/SIGINT: stop taking requests, let open ones finish for this long, then end the rest "
+        "with an error event (default 5)",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_model_args(p)
     add_decode_args(p)
@@ -75,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         small_block_size=args.small_block_size,
         log_level=args.log_level,
+        max_body_bytes=args.max_body_bytes,
+        drain_seconds=args.drain_seconds,
     )
     serve(model, config)
     return 0

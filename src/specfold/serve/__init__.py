@@ -35,6 +35,8 @@ class ServerConfig:
     block_size: int | None = None
     small_block_size: int | None | str = "auto"
     log_level: str = "info"
+    max_body_bytes: int = 4 * 1024 * 1024  # a larger request body is answered 413 unread
+    drain_seconds: float = 5.0  # on SIGTERM/SIGINT: how long open requests may still finish
 
 
 def engine_settings(model: LoadedModel, config: ServerConfig):
@@ -63,22 +65,40 @@ def build_app(model: LoadedModel, config: ServerConfig):
     from specfold.serve.engine import ServeEngine
 
     engine = ServeEngine(model, engine_settings(model, config))
-    return create_app(model, engine, AppSettings(config.model_name or model.path.name, config.max_tokens))
+    settings = AppSettings(config.model_name or model.path.name, config.max_tokens, config.max_body_bytes)
+    app = create_app(model, engine, settings)
+    app.state.engine = engine
+    return app
 
 
 def serve(model: LoadedModel, config: ServerConfig) -> None:
-    """Serve until SIGINT/SIGTERM, then return: uvicorn stops accepting, gives open requests a few seconds, and
-    the engine's worker stops with the app."""
+    """Serve until SIGINT/SIGTERM, then drain and return (:mod:`~specfold.serve.shutdown`): no new connection or
+    request is taken,
+    open requests finish for up to ``drain_seconds``, and those still open then end with an explicit error event
+    (a stream's last ``data:`` is an error object; a non-streamed request gets 503) — never a silent cut. A second
+    signal ends the drain at once (the same error events)."""
     import signal
 
     import uvicorn
 
+    if config.drain_seconds < 0:
+        raise ValueError(f"drain_seconds must be >= 0, got {config.drain_seconds}")
+    if config.max_body_bytes <= 0:
+        raise ValueError(f"max_body_bytes must be positive, got {config.max_body_bytes}")
+    from specfold.serve.shutdown import DrainingServer
+
     app = build_app(model, config)
+    engine = app.state.engine
+    server = DrainingServer(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                       timeout_graceful_shutdown=5),
+        engine, config.drain_seconds,
+    )
     # NOTE: after its graceful shutdown uvicorn re-raises the signal it caught under the handlers it found; with
     # these no-op handlers that ends here (exit status 0) instead of killing the process.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5)
+        server.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

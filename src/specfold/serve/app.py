@@ -1,11 +1,15 @@
 """The OpenAI-compatible HTTP layer (FastAPI): ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /v1/models``, ``GET /health``.
 
-Handlers run on the event loop thread, which alone uses the tokenizer; the model is used only by the engine's
-worker thread (:mod:`specfold.serve.engine`). A request's updates arrive on its own asyncio queue
+Handlers run on the event loop thread; the CPU-heavy steps of a request (validating and tokenising its text) run
+on one tokenizer thread, so that a large request never holds up the others or ``/health``; the model is used only
+by the engine's worker thread (:mod:`specfold.serve.engine`). A request body larger than ``max_body_bytes`` is
+answered 413 before it is parsed (:class:`BodyLimit`). A request's updates arrive on its own asyncio queue
 (``loop.call_soon_threadsafe``). A streamed response sends the committed prefix's text as it grows
-(:class:`~specfold.serve.text.TextStream`); a client that disconnects, or a stop string, cancels the request in
-the engine. Errors are OpenAI-style JSON: ``{"error": {"message", "type", "param", "code"}}``.
+(:class:`~specfold.serve.text.TextStream`); a client that disconnects cancels the request in the engine, a stop
+string finishes it. Errors are OpenAI-style JSON: ``{"error": {"message", "type", "param", "code"}}``; a 429
+carries ``Retry-After``; a stream that cannot finish (the server shutting down) ends with such an error object
+as its last ``data:`` event, never silently.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
@@ -24,30 +29,84 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
+from specfold.api import tokenize
 from specfold.config import MethodConfig, MethodName
 from specfold.decoding.core import GenerationResult, check_prompt
 from specfold.model.loading import LoadedModel
-from specfold.serve.engine import Job, JobUpdate, QueueFull, ServeEngine
+from specfold.serve.engine import Job, JobUpdate, QueueFull, ServeEngine, ShuttingDown
 from specfold.serve.schemas import ChatCompletionRequest, CompletionRequest
 from specfold.serve.text import TextStream
+from specfold.validation import ValidationError, check_text
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # far above any prompt the model's position limit allows
 
 
 @dataclass(frozen=True)
 class AppSettings:
     model_name: str  # the id /v1/models lists and requests name
     default_max_tokens: int = 256
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a larger request body is answered 413 unread
 
 
 class APIError(Exception):
     def __init__(
         self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-        code: str | None = None,
+        code: str | None = None, headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is answered 413 before the app sees (or parses) it —
+    at once when its ``Content-Length`` says so, else as soon as the bytes received pass the limit."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._refuse(scope, receive, send, int(length))
+            return
+        chunks, size = [], 0
+        while True:  # read the body here, counting, and hand it on whole
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._refuse(scope, receive, send, None)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then only http.disconnect (the handlers watch for it)
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send, length: int | None) -> None:
+        size = f"{length} bytes" if length is not None else "more than that"
+        err = APIError(413, f"the request body is {size}; this server takes at most {self.limit} bytes "
+                       "(specfold serve --max-body-bytes)", code="request_too_large", headers={"Connection": "close"})
+        await err.response()(scope, receive, send)
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:
@@ -81,14 +140,15 @@ class _Run:
                 update: JobUpdate = await self.updates.get()
                 if update.error is not None:
                     self.finish_reason = "error"
-                    raise APIError(500, update.error, type="server_error")
+                    code = "server_shutting_down" if update.status == 503 else None
+                    raise APIError(update.status, update.error, type="server_error", code=code)
                 delta = self.text.update(update.committed)
                 if update.result is not None:
                     self.result = update.result
                 if self.text.stopped:
                     self.finish_reason = "stop"
-                    if self.result is None:
-                        self.engine.cancel(self.job.job_id)
+                    if self.result is None:  # the text is complete: the request finished, its slot is freed
+                        self.engine.cancel(self.job.job_id, outcome="finished")
                 elif self.result is not None:
                     delta += self.text.finish()
                     self.finish_reason = "stop" if self.result.stopped else "length"
@@ -130,6 +190,9 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
     if tok is None:
         raise ValueError(f"{model.path} has no tokenizer; the server needs one")
     created = int(time.time())
+    # NOTE: one thread owns the tokenizer's encoding (validating and tokenising a request's text): off the event
+    # loop, so a large prompt never stalls /health or the other streams, and one at a time, as the tokenizer wants.
+    text_worker = ThreadPoolExecutor(1, thread_name_prefix="specfold-tokenizer")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -138,12 +201,17 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
             yield
         finally:
             engine.stop()
+            text_worker.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="specfold", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    async def off_loop(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(text_worker, fn, *args)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -177,7 +245,7 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
         method = request_method(body)
         cfg = replace(engine.settings.cfg, max_new_tokens=max_tokens or settings.default_max_tokens)
         try:
-            check_prompt(model, prompt_ids, cfg)
+            await off_loop(check_prompt, model, prompt_ids, cfg)  # a tensor of every id: off the loop too
         except ValueError as exc:
             param = "max_tokens" if "max_new_tokens" in str(exc) else ("messages" if chat else "prompt")
             raise APIError(400, str(exc).replace("max_new_tokens", "max_tokens"), param=param) from None
@@ -194,7 +262,11 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
         try:
             engine.submit(job)
         except QueueFull as exc:
-            raise APIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded") from None
+            raise APIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(exc.retry_after)}) from None
+        except ShuttingDown as exc:
+            raise APIError(503, str(exc), type="server_error", code="server_shutting_down",
+                           headers={"Connection": "close"}) from None
         run = _Run(engine, job, updates, TextStream(tok, body.stop_strings()))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -207,6 +279,8 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
             watcher.cancel()
             if not consumer.done():
                 consumer.cancel()  # the client left: its generator's cleanup cancels the job
+                with suppress(asyncio.CancelledError):
+                    await consumer  # until the cancellation has run (result() of a pending task would raise)
         if consumer.cancelled():
             raise APIError(499, "the client disconnected")
         consumer.result()  # re-raises an engine error
@@ -263,6 +337,26 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
             yield json.dumps({**head, "choices": [], "usage": run.usage()})
         yield "[DONE]"
 
+    def check_stop(body) -> None:
+        if any(not s for s in body.stop_strings()):
+            raise APIError(400, "stop: a stop string must not be empty", param="stop")
+
+    def encode_text(prompt: str) -> list[int]:  # the tokenizer thread
+        try:
+            check_text(prompt)
+        except ValidationError as exc:
+            raise APIError(400, str(exc), param="prompt") from None
+        return tokenize(tok, prompt)
+
+    def encode_chat(messages: list[dict]) -> list[int]:  # the tokenizer thread
+        for i, m in enumerate(messages):
+            try:
+                check_text(m["content"], f"messages.{i}.content")
+            except ValidationError as exc:
+                raise APIError(400, str(exc), param=f"messages.{i}.content") from None
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenize(tok, text)
+
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest):
         prompt = body.prompt
@@ -272,7 +366,8 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
             prompt = prompt[0]
         if not prompt:
             raise APIError(400, "empty prompt", param="prompt")
-        ids = list(tok.encode(prompt, add_special_tokens=False)) if isinstance(prompt, str) else list(prompt)
+        check_stop(body)
+        ids = await off_loop(encode_text, prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise APIError(400, "the prompt encodes to no tokens", param="prompt")
         return await start(request, body, ids, body.max_tokens, chat=False)
@@ -285,9 +380,9 @@ def create_app(model: LoadedModel, engine: ServeEngine, settings: AppSettings) -
             raise APIError(400, "the model has no chat template; use /v1/completions", param="messages")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
+        check_stop(body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = list(tok.encode(text, add_special_tokens=False))
+        ids = await off_loop(encode_chat, messages)
         return await start(request, body, ids, body.max_tokens or body.max_completion_tokens, chat=True)
 
     @app.get("/v1/models")

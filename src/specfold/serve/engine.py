@@ -14,22 +14,35 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specfold.api import prepare_method
 from specfold.config import DecodeConfig, MethodConfig, MethodName
-from specfold.decoding.core import BatchEvent, BatchRequest, Decoder, GenerationResult
+from specfold.decoding.core import BatchEvent, BatchRequest, Decoder, GenerationResult, NonFiniteLogits
 from specfold.model.loading import LoadedModel
 
 log = logging.getLogger("specfold.serve")
 
 
 class QueueFull(RuntimeError):
-    """Too many outstanding requests."""
+    """Too many outstanding requests; ``retry_after``: the seconds after which a retry is likely to get a slot."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ShuttingDown(RuntimeError):
+    """The server is draining or stopped: it takes no new request."""
+
+
+SHUTDOWN = "the server is shutting down"
 
 
 @dataclass
@@ -37,6 +50,7 @@ class JobUpdate:
     committed: list[int]  # newly committed token ids (the contiguous unmasked prefix)
     result: GenerationResult | None = None  # set once, in the last update
     error: str | None = None  # set once instead of a result when decoding failed
+    status: int = 500  # the HTTP status of that error (503: the server shut down before the request finished)
 
 
 @dataclass
@@ -46,6 +60,7 @@ class Job:
     method: MethodConfig  # from ServeEngine.method_for
     sink: Callable[[JobUpdate], None]  # called from the worker thread
     job_id: int = -1  # set by submit
+    submitted_at: float = 0.0  # time.monotonic() at submit
 
 
 @dataclass
@@ -93,6 +108,8 @@ class ServeEngine:
         self._live: dict[int, _Live] = {}
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._draining = False
+        self._request_seconds = 0.0  # a running mean of finished requests' seconds from submit to end
         self._decoders[self.default] = self._new_decoder(self.default)  # fail at start-up, not per request
 
     @property
@@ -117,32 +134,51 @@ class ServeEngine:
         """Queue a request; its id. QueueFull when ``max_batch + max_queue`` requests are outstanding."""
         self.check_method(job.method)
         with self._lock:
-            if self._stopping.is_set():
-                raise QueueFull("the server is shutting down")
+            if self._stopping.is_set() or self._draining:
+                raise ShuttingDown(SHUTDOWN)
             if self._outstanding >= self.capacity:
                 self.stats.rejected += 1
-                raise QueueFull(f"too many concurrent requests (at most {self.capacity}); retry later")
+                wait = self._retry_after()
+                raise QueueFull(
+                    f"too many concurrent requests (at most {self.capacity}); retry after {wait} s", wait
+                )
             self._outstanding += 1
             self.stats.submitted += 1
             job.job_id = next(self._ids)
+            job.submitted_at = time.monotonic()
         self._commands.put(("submit", job))
         return job.job_id
 
-    def cancel(self, job_id: int) -> None:
+    def _retry_after(self) -> int:
+        """Whole seconds until a slot is likely free (under the lock): the queued requests ahead go through the
+        batch ``max_batch`` at a time, each taking about the mean request time so far (1 s before any)."""
+        rounds = max(1, self._outstanding - self.settings.max_batch + 1) / self.settings.max_batch
+        return max(1, min(60, math.ceil(rounds * (self._request_seconds or 1.0))))
+
+    def cancel(self, job_id: int, outcome: str = "cancelled") -> None:
+        """End a request early: ``cancelled`` (its client left) or ``finished`` (a stop string ended its text)."""
+        if outcome not in ("cancelled", "finished"):
+            raise ValueError(f"outcome must be 'cancelled' or 'finished', got {outcome!r}")
         with self._lock:
             self._cancel_requested.add(job_id)
-        self._commands.put(("cancel", job_id))
+        self._commands.put(("cancel", (job_id, outcome)))
 
-    def snapshot(self) -> dict[str, int]:
+    def drain(self) -> None:
+        """Take no new request (:class:`ShuttingDown`); those outstanding go on until :meth:`stop`."""
         with self._lock:
-            return {"outstanding": self._outstanding, "capacity": self.capacity, **vars(self.stats)}
+            self._draining = True
+
+    def snapshot(self) -> dict[str, int | bool]:
+        with self._lock:
+            return {"outstanding": self._outstanding, "capacity": self.capacity, "draining": self._draining,
+                    **vars(self.stats)}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="specfold-engine", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the worker; requests still outstanding get an error update."""
+    def stop(self, timeout: float = 10.0, reason: str = SHUTDOWN) -> None:
+        """Stop the worker; requests still outstanding get an error update (``reason``, status 503). Idempotent."""
         self._stopping.set()
         self._commands.put(("stop", None))
         if self._thread is not None:
@@ -153,9 +189,9 @@ class ServeEngine:
             except queue.Empty:
                 break
             if kind == "submit":
-                self._end(payload.job_id, JobUpdate([], error="the server is shutting down"), "failed", payload)
+                self._end(payload.job_id, JobUpdate([], error=reason, status=503), "failed", payload)
         for live in list(self._live.values()):
-            self._end(live.job.job_id, JobUpdate([], error="the server is shutting down"), "failed")
+            self._end(live.job.job_id, JobUpdate([], error=reason, status=503), "failed")
 
     # -- the worker thread ---------------------------------------------------------------------------------------
 
@@ -187,6 +223,10 @@ class ServeEngine:
                     continue
                 try:
                     events = decoder.step()
+                except NonFiniteLogits as exc:  # broken weights or an overflow: one line, not a traceback
+                    log.error("decoding stopped (%s): %s", key.label, exc)
+                    self._fail_decoder(key, f"decoding failed: {exc}")
+                    continue
                 except Exception as exc:  # a decoding bug must not take the server down: fail its requests
                     log.exception("decoding step failed (%s)", key.label)
                     self._fail_decoder(key, f"decoding failed: {type(exc).__name__}: {exc}")
@@ -213,12 +253,13 @@ class ServeEngine:
                 return
             self._live[job.job_id] = _Live(job, job.method)
         elif kind == "cancel":
-            live = self._live.get(payload)
+            job_id, outcome = payload
+            live = self._live.get(job_id)
             with self._lock:
-                self._cancel_requested.discard(payload)
+                self._cancel_requested.discard(job_id)
             if live is not None:
-                self._decoders[live.decoder_key].cancel(payload)
-                self._end(payload, None, "cancelled")
+                self._decoders[live.decoder_key].cancel(job_id)
+                self._end(job_id, None, outcome)
 
     def _deliver(self, event: BatchEvent) -> None:
         live = self._live.get(event.request_id)
@@ -244,5 +285,8 @@ class ServeEngine:
             self._cancel_requested.discard(job_id)
             self._outstanding -= 1
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+            if outcome == "finished" and job is not None:  # a running mean: Retry-After's request time
+                took = time.monotonic() - job.submitted_at
+                self._request_seconds += (0.2 if self._request_seconds else 1.0) * (took - self._request_seconds)
         if update is not None and job is not None:
             job.sink(update)
