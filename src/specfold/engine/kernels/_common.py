@@ -32,6 +32,25 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _check_interpreter_numpy() -> None:
+    """Triton < 3.7's interpreter reads a scalar argument with ``int()`` of a one-element array, which numpy >= 2.4
+    refuses ("only 0-dimensional arrays can be converted to Python scalars", from inside the first kernel): say so
+    at import. Compiled kernels (a GPU) are not affected."""
+    if not interpreting():
+        return
+    import numpy
+
+    def version(v: str) -> tuple[int, ...]:
+        return tuple(int("".join(c for c in x if c.isdigit()) or 0) for x in v.split(".")[:2])
+
+    if version(triton.__version__) < (3, 7) and version(numpy.__version__) >= (2, 4):
+        raise ImportError(f"Triton {triton.__version__}'s interpreter (TRITON_INTERPRET=1) needs numpy < 2.4, found "
+                          f"{numpy.__version__}: install numpy<2.4 or triton>=3.7")
+
+
+_check_interpreter_numpy()
+
+
 def native_dot(dtype: torch.dtype) -> bool:
     """Whether tiles of ``dtype`` go to ``tl.dot`` unwidened (GPU, bf16/fp16)."""
     return not interpreting() and dtype in (torch.bfloat16, torch.float16)
