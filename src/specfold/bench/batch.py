@@ -16,6 +16,7 @@ GEMMs are in the weight-streaming regime of the real model while a run still fit
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -138,14 +139,30 @@ def random_shape_model(
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
     s = SHAPES[shape]
     v = vocab or s.vocab
-    family = "fast_dllm_v2" if s.qkv_bias else "nld"
+    family = s.family_name
     cfg = config_from_dict(random_config(
         family, vocab_size=v, hidden_size=s.hidden, num_heads=s.heads, num_kv_heads=s.kv_heads, num_layers=layers,
-        intermediate_size=s.ffn, mask_token_id=v - 1, eos_token_id=v - 2,
+        intermediate_size=s.ffn, mask_token_id=v - 1, eos_token_id=v - 2, head_dim=s.head_dim,
     ))
     net = random_model(cfg, seed=seed).to(dtype).eval()
     return LoadedModel(net=net, config=cfg, tokenizer=None, mask_id=v - 1, stop_id=v - 2,
                        path=Path(f"random:{shape}:{layers}L"))
+
+
+def shape_graph(block_size: int, budget: int = 7):
+    """The draft graph for a ``--shape`` model: the embedded model's, or — for a block shorter than its position
+    ranks (SDAR's blocks of 4) — ``budget`` nodes re-selected from the embedded calibration counts whose formulas
+    stay within the block."""
+    from specfold.decoding.calibration import counts_from_json, graph_from_counts
+    from specfold.decoding.draft_graph import DraftGraph
+    from specfold.model.embedded import EMBEDDED_DIR
+
+    graph = DraftGraph.load(EMBEDDED_DIR / "draft_graph.json")
+    if max(r for q in graph.nodes for step in q for r, _ in step) <= block_size:
+        return graph
+    counts = counts_from_json(json.loads((EMBEDDED_DIR / "draft_graph.counts.json").read_text()))
+    fit = {q: c for q, c in counts.items() if all(r <= block_size for step in q for r, _ in step)}
+    return graph_from_counts(fit, budget)
 
 
 def held_out_prompts(

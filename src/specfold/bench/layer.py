@@ -81,7 +81,7 @@ def default_parents(branches: int) -> list[int]:
 def model_config(shape: LayerShape, layers: int = 1, vocab: int = 16) -> ModelConfig:
     """A model config of ``shape`` (plain RoPE, θ = 10⁶) with ``layers`` layers and ``vocab`` entries."""
     return ModelConfig(
-        family="fast_dllm_v2" if shape.qkv_bias else "nld", model_type="bench", vocab_size=vocab,
+        family=shape.family_name, model_type="bench", vocab_size=vocab, qk_norm=shape.family_name == "sdar",
         hidden_size=shape.hidden, intermediate_size=shape.ffn, num_layers=layers, num_heads=shape.heads,
         num_kv_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=1e-6, max_position_embeddings=4096,
         qkv_bias=shape.qkv_bias, tie_word_embeddings=False, rope=RopeConfig(theta=1e6),

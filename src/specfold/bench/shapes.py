@@ -2,7 +2,8 @@
 check read (``specfold bench layer / pass / batch / kernels --shape NAME``).
 
 Each entry is the published ``config.json`` of the checkpoint named (hidden size, heads, KV heads, head dim, FFN
-size, q/k/v bias, vocabulary, layers). A family added later adds its checkpoints here.
+size, q/k/v bias, vocabulary, layers; the family when it is neither of the first two). A family added later adds its
+checkpoints here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ class LayerShape:
     qkv_bias: bool  # Qwen2 layers (Fast-dLLM-v2); no bias: the NLD family (Ministral3, Llama-4 query scale)
     vocab: int
     layers: int
+    family: str = ""  # "" = by the bias: fast_dllm_v2 with, nld without; "sdar": Qwen3 layers (qk-norm, no bias)
+
+    @property
+    def family_name(self) -> str:
+        return self.family or ("fast_dllm_v2" if self.qkv_bias else "nld")
 
 
 SHAPES: dict[str, LayerShape] = {
@@ -30,4 +36,7 @@ SHAPES: dict[str, LayerShape] = {
     "nld-3b": LayerShape(3072, 32, 8, 128, 9216, False, 131072, 26),
     "nld-8b": LayerShape(4096, 32, 8, 128, 14336, False, 131072, 34),  # published NLD-8B config.json
     "nld-14b": LayerShape(5120, 32, 8, 128, 16384, False, 131072, 40),
+    # SDAR = Qwen3 layers (JetLM SDAR-4B-Chat / SDAR-8B-Chat; Qwen3-4B / 8B shapes, q/k RMSNorm, no bias)
+    "sdar-4b": LayerShape(2560, 32, 8, 128, 9728, False, 151936, 36, family="sdar"),
+    "sdar-8b": LayerShape(4096, 32, 8, 128, 12288, False, 151936, 36, family="sdar"),
 }

@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_batch(args: argparse.Namespace) -> int:
     from specfold.api import decode_config_for, load_model, prepare_method
-    from specfold.bench.batch import BatchBenchConfig, bench_batch, held_out_prompts, random_shape_model
+    from specfold.bench.batch import BatchBenchConfig, bench_batch, held_out_prompts, random_shape_model, shape_graph
     from specfold.model.embedded import EMBEDDED_DIR
     from specfold.model.loading import parse_dtype
 
@@ -254,6 +254,8 @@ def run_batch(args: argparse.Namespace) -> int:
         prompts = held_out_prompts(text_model, tasks, args.prompts, model.config.vocab_size)
         graph = EMBEDDED_DIR / "draft_graph.json"
     cfg = decode_config_for(model, args.max_new_tokens, args.threshold, None, "auto", None)
+    if graph is not None:
+        graph = shape_graph(cfg.block_size)  # the embedded graph, or one within a shorter block (SDAR)
     methods = {}
     for name in args.methods:
         options = {"delta": args.delta, "backend": args.backend} if name == "specfold" else {}

@@ -30,8 +30,10 @@ def random_config(
     eos_token_id: int | None = None,
     tie_word_embeddings: bool = False,
     max_position_embeddings: int = 4096,
+    head_dim: int | None = None,
 ) -> dict[str, Any]:
-    """A config.json dict as the family's real checkpoints write it (its module's ``example_config``)."""
+    """A config.json dict as the family's real checkpoints write it (its module's ``example_config``); ``head_dim``
+    overrides ``hidden_size // num_heads``."""
     common = {
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
@@ -49,6 +51,8 @@ def random_config(
         cfg["mask_token_id"] = mask_token_id
     if eos_token_id is not None:
         cfg["eos_token_id"] = eos_token_id
+    if head_dim is not None:
+        cfg["head_dim"] = head_dim
     return cfg
 
 
