@@ -122,7 +122,8 @@ def test_a_429_says_when_to_retry(small):
         assert 1 <= int(r.headers["retry-after"]) <= 60
     finally:
         t.join(120)
-    assert json.loads(events[-1][1] if events[-1][1] != "[DONE]" else events[-2][1])["choices"][0]["finish_reason"]
+    data = [d for kind, d in events if kind == "data"]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["choices"][0]["finish_reason"], events[-4:]
 
 
 def test_a_non_streaming_client_that_leaves_is_cancelled_without_a_traceback(small):

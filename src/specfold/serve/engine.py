@@ -110,6 +110,7 @@ class ServeEngine:
         self._stopping = threading.Event()
         self._draining = False
         self._request_seconds = 0.0  # a running mean of finished requests' seconds from submit to end
+        self._promised: list[float] = []  # when the clients told to retry (429) will be back
         self._decoders[self.default] = self._new_decoder(self.default)  # fail at start-up, not per request
 
     @property
@@ -150,10 +151,16 @@ class ServeEngine:
         return job.job_id
 
     def _retry_after(self) -> int:
-        """Whole seconds until a slot is likely free (under the lock): the queued requests ahead go through the
-        batch ``max_batch`` at a time, each taking about the mean request time so far (1 s before any)."""
-        rounds = max(1, self._outstanding - self.settings.max_batch + 1) / self.settings.max_batch
-        return max(1, min(60, math.ceil(rounds * (self._request_seconds or 1.0))))
+        """Whole seconds until a slot is likely free for this client (under the lock): the requests ahead of it —
+        those queued and those already told to come back before it — go through the batch ``max_batch`` at a
+        time, each taking about the mean request time so far (1 s before any). Counting the clients already told
+        spreads the retries out instead of sending them all back at once."""
+        now = time.monotonic()
+        self._promised = [t for t in self._promised if t > now]
+        ahead = max(1, self._outstanding - self.settings.max_batch + 1) + len(self._promised)
+        wait = max(1, min(60, math.ceil(ahead / self.settings.max_batch * (self._request_seconds or 1.0))))
+        self._promised.append(now + wait)
+        return wait
 
     def cancel(self, job_id: int, outcome: str = "cancelled") -> None:
         """End a request early: ``cancelled`` (its client left) or ``finished`` (a stop string ended its text)."""
