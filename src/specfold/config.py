@@ -151,7 +151,12 @@ METHOD_OPTIONS: dict[str, tuple[MethodName, ...]] = {
     "backend": (MethodName.SPECFOLD,),
     "ffn": (MethodName.SPECFOLD,),
     "attention": (MethodName.SPECFOLD,),
+    "compile": (MethodName.VANILLA, MethodName.SPIFFY, MethodName.SPECFOLD),
 }
+# NOTE: off unless asked for: on this project's CPUs torch.compile of the embedded model's forwards costs tens of
+# seconds per process (tracing; inductor's disk cache only saves the C++ builds), more than a demo's whole decode
+# (docs/results.md, "Compiled forwards").
+DEFAULT_COMPILE = False
 
 
 def check_delta(delta: Any, name: str = "delta") -> float:
@@ -238,7 +243,9 @@ class MethodConfig:
     :class:`~specfold.decoding.draft_graph.DraftGraph`; None: the one shipped beside the model), ``budget`` (B),
     ``depth`` (a depth cap), ``lookahead`` (boundary drafts: None = wherever the model allows them, True requires
     them, False turns them off). Specfold only: ``delta``, ``backend``, ``ffn``, ``attention`` (:class:`FoldConfig`,
-    whose defaults :attr:`fold` fills in). None means "not given": an option given for a method it does not apply
+    whose defaults :attr:`fold` fills in). Every method: ``compile`` (the dense forwards under ``torch.compile``,
+    :mod:`specfold.engine.compiled`; None = :data:`DEFAULT_COMPILE`; not part of :attr:`params`: the tokens are the
+    eager ones). None means "not given": an option given for a method it does not apply
     to is refused, as is any value outside what it may be (:class:`~specfold.validation.ValidationError`).
 
         >>> MethodConfig(method="specfold", delta=0.2).label
@@ -254,6 +261,7 @@ class MethodConfig:
     ffn: FfnReuse | None = None
     attention: AttentionMode | None = None
     lookahead: bool | None = None
+    compile: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _choice(MethodName, self.method, "method"))
@@ -266,8 +274,9 @@ class MethodConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValidationError(f"{shown} must be positive, got {value!r}")
-        if self.lookahead is not None and not isinstance(self.lookahead, bool):
-            raise ValidationError(f"lookahead must be True, False or None, got {self.lookahead!r}")
+        for name in ("lookahead", "compile"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValidationError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
         if self.delta is not None:
             object.__setattr__(self, "delta", check_delta(self.delta))
         for name, kind in (("backend", Backend), ("ffn", FfnReuse), ("attention", AttentionMode)):
@@ -277,6 +286,11 @@ class MethodConfig:
     def given(self) -> dict[str, Any]:
         """The options other than ``method`` as given (None = not given), by name."""
         return {name: getattr(self, name) for name in METHOD_OPTIONS}
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the dense forwards run compiled (``compile``, default :data:`DEFAULT_COMPILE`)."""
+        return DEFAULT_COMPILE if self.compile is None else self.compile
 
     @property
     def drafts(self) -> bool:

@@ -221,6 +221,7 @@ METHOD_FLAGS = {
     "backend": "--backend",
     "ffn": "--ffn-reuse",
     "attention": "--attention",
+    "compile": "--compile",
 }
 METHOD_HELP = {
     "graph": "draft graph JSON (default: the one shipped beside the model)",
@@ -233,6 +234,9 @@ METHOD_HELP = {
     "backend": "specfold engine backend (torch)",
     "ffn": "specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); 'paper' "
     "reuses it on the layer's folded set as the paper does (not exact at delta 0)",
+    "compile": "run the dense forwards (vanilla, spiffy, specfold's dense passes) under torch.compile with dynamic "
+    "shapes; --no-compile: eager (default: eager, as compiling costs tens of seconds per process on a CPU; the "
+    "compile seconds and graphs are reported in the statistics)",
     "attention": "specfold folded-row attention: 'auto' = per layer the cheaper of the two by the engine's cost rule "
     "(default); 'correct' = Eq. 8 from the source's softmax state; 'direct' = every row over its branch's own K/V in "
     "one batched call (same result)",
@@ -260,9 +264,12 @@ def add_method_args(
     elif select == "method":
         g.add_argument("--method", default=MethodName.VANILLA.value, choices=choices(MethodName),
                        help="vanilla; spiffy = drafts + dense verification; specfold = drafts + folded verification")
-    for option in options:
+    for option in (*options, *(() if "compile" in options else ("compile",))):  # every command takes --compile
         flag = METHOD_FLAGS[option]
-        if option in _CHOICES:
+        if option == "compile":
+            g.add_argument(flag, dest="compile", action=argparse.BooleanOptionalAction, default=None,
+                           help=helps[option])
+        elif option in _CHOICES:
             g.add_argument(flag, choices=choices(_CHOICES[option]), default=None, help=helps[option])
         elif option == "lookahead":
             g.add_argument(flag, dest="lookahead", action="store_false", default=None, help=helps[option])

@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     from specfold.eval.harness import EvalPlan, format_table
     from specfold.eval.tasks.synthetic import TASKS
 
-    methods = [MethodConfig("vanilla"), MethodConfig("spiffy"), method_config(args, "specfold")]
+    methods = [MethodConfig("vanilla", compile=args.compile), MethodConfig("spiffy", compile=args.compile),
+               method_config(args, "specfold")]
     if args.global_threads is None:  # the model is small: more threads only contend on a shared CPU
         torch.set_num_threads(1)
     threads = torch.get_num_threads()

@@ -67,11 +67,12 @@ class FoldedVerifier:
     ``backend="triton"`` runs each layer on the Triton kernels (:mod:`specfold.engine.triton_backend`, imported
     only then; fp32/bf16/fp16 models). ``cost`` is the per-layer cost rule (default: measured on this machine for
     the model's device and dtype, see :mod:`specfold.engine.cost`); ``cost=None`` with ``dense_fallback=False``
-    and an explicit attention mode folds unconditionally."""
+    and an explicit attention mode folds unconditionally. ``compile``: the dense passes (no drafts, or the per-pass
+    rule's) run the compiled forwards (:mod:`specfold.engine.compiled`); folded layers stay eager."""
 
     def __init__(
         self, net: DLLM, delta: float = 0.1, *, cfg: FoldConfig | None = None, cost: LayerCost | str | None = "auto",
-        **settings,
+        compile: bool = False, **settings,
     ) -> None:
         cfg = cfg if cfg is not None else FoldConfig(delta=delta, **settings)
         if cfg.backend == "triton":
@@ -97,7 +98,7 @@ class FoldedVerifier:
         # chose dense keeps choosing dense for passes of the same shape until the prefix grows enough to pay.
         self.fold_estimate = FOLD_PRIOR
         self._imposed_masks: dict[tuple[int, int], torch.Tensor] = {}  # cfg.imposed_fold's, per (K, N)
-        self._dense = DenseVerifier(net)  # passes without drafts (see _root_stats)
+        self._dense = DenseVerifier(net, compile=compile)  # passes without drafts, and the per-pass rule's
         self._root_stats_of: dict[int, FoldStats] = {}  # per N
 
     @property
