@@ -51,6 +51,9 @@ class PassBenchResult:
     syncs_per_layer: float  # of those, ops that wait for a host value
     repeats: int
     threads: int
+    imposed_fold: float | None = None  # the fold ratio imposed on every layer (None: the gate's decisions at δ)
+    rows_seconds: float | None = None  # median of the rows limit (with an imposed ratio): see bench_pass
+    rows_ratio: float | None = None  # folded / rows limit
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +72,9 @@ def draft_states(k: int, n: int, parents: list[int], vocab: int, mask_id: int, g
     return states
 
 
+EMBEDDED = "embedded"  # the shipped model itself (its weights, all its layers), not a random one
+
+
 def bench_pass(
     shape: str,
     delta: float,
@@ -85,37 +91,63 @@ def bench_pass(
     **fold_settings,
 ) -> PassBenchResult:
     """Time dense vs folded verification passes side by side (module docstring). ``vocab`` defaults to the shape's
-    real vocabulary; ``fold_settings`` go to :class:`~specfold.engine.layer_types.FoldConfig`."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; available: {', '.join(SHAPES)}")
+    real vocabulary; ``fold_settings`` go to :class:`~specfold.engine.layer_types.FoldConfig`. ``shape="embedded"``:
+    the shipped model (its weights and all its layers; ``layers`` and ``vocab`` ignored).
+
+    With ``imposed_fold`` in ``fold_settings`` every layer folds that share of its draft rows, and the *rows limit*
+    is timed beside: the dense pass over only as many branch blocks as a folded layer recomputes rows
+    (``N + (1 − f)·(K − 1)·N``, rounded to blocks) plus the LM head over the other rows — the arithmetic folding
+    cannot avoid, without its bookkeeping."""
+    if shape not in SHAPES and shape != EMBEDDED:
+        raise ValueError(f"unknown shape {shape!r}; available: {', '.join([*SHAPES, EMBEDDED])}")
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _bench_pass(shape, delta, layers, vocab or SHAPES[shape].vocab, branches, block, prefix, dtype,
-                           repeats, seed, device, fold_settings)
+        real_vocab = None if shape == EMBEDDED else vocab or SHAPES[shape].vocab
+        return _bench_pass(shape, delta, layers, real_vocab, branches, block, prefix, dtype, repeats, seed, device,
+                           fold_settings)
     finally:
         torch.set_num_threads(previous)
 
 
 @torch.inference_mode()
 def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, repeats, seed, device, settings):
-    sh = SHAPES[shape]
     k, n = branches + 1, block
-    net = random_model(model_config(sh, layers, vocab), seed=seed).to(device=device, dtype=dtype)
+    if shape == EMBEDDED:
+        from specfold.model.loading import load_model
+
+        loaded = load_model(None, dtype=dtype, device=device)
+        net, mask_id = loaded.net, loaded.mask_id
+        layers, vocab = len(net.layers), net.cfg.vocab_size
+    else:
+        net = random_model(model_config(SHAPES[shape], layers, vocab), seed=seed).to(device=device, dtype=dtype)
+        mask_id = vocab - 1
     gen = torch.Generator().manual_seed(seed + 1)
     cache = net.new_cache(prefix + n)
     cache.k[:, :, :prefix] = torch.randn(cache.k[:, :, :prefix].shape, generator=gen).to(dtype)
     cache.v[:, :, :prefix] = torch.randn(cache.v[:, :, :prefix].shape, generator=gen).to(dtype)
     cache.commit(prefix)
     parent_list = default_parents(branches)
-    states = draft_states(k, n, parent_list, vocab, vocab - 1, gen).to(device)
+    states = draft_states(k, n, parent_list, vocab, mask_id, gen).to(device)
     parents = torch.tensor(parent_list, device=device)
     dense, folded = DenseVerifier(net), FoldedVerifier(net, delta, **settings)
     run_dense = lambda: dense.verify(cache, states, parents)
     run_folded = lambda: folded.verify(cache, states, parents)
-    # interleaved so that background load hits both alike
-    t = interleaved({"dense": run_dense, "folded": run_folded}, repeats, warmup=1, device=device)
+    runs = {"dense": run_dense, "folded": run_folded}
+    imposed = settings.get("imposed_fold")
+    if imposed is not None:
+        kr = max(1, min(k, round(1 + (1.0 - imposed) * (k - 1))))  # branch blocks of recomputed rows per layer
+        rest = torch.randn(k - kr, n, net.cfg.hidden_size, generator=gen).to(device=device, dtype=dtype)
+
+        def run_rows() -> None:
+            dense.verify(cache, states[:kr], parents[:kr])
+            if k > kr:
+                net.logits(rest)
+
+        runs["rows"] = run_rows
+    # interleaved so that background load hits all alike
+    t = interleaved(runs, repeats, warmup=1, device=device)
 
     stats = run_folded().stats
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -133,5 +165,7 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
         ffn_fold_ratio=stats.fold_ratio("ffn") or 0.0, dense_layers=stats.dense_layers,
         dense_seconds=d_med, folded_seconds=f_med, ratio=f_med / d_med, parts=parts,
         ops_per_layer=counter.total / layers, syncs_per_layer=counter.syncs / layers, repeats=repeats,
-        threads=torch.get_num_threads(),
+        threads=torch.get_num_threads(), imposed_fold=imposed,
+        rows_seconds=t["rows"].median if "rows" in t else None,
+        rows_ratio=f_med / t["rows"].median if "rows" in t else None,
     )

@@ -72,8 +72,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "o_proj, ffn, head) and one counted pass the framework ops and host syncs per layer.",
     )
     p.add_argument("--shape", type=lambda t: t.split(","), default=["fast-dllm-v2-1.5b"],
-                   help="fast-dllm-v2-1.5b, nld-3b, nld-8b (comma-separated)")
+                   help="fast-dllm-v2-1.5b, nld-3b, nld-8b, or embedded: the shipped model itself, all its layers "
+                   "(comma-separated)")
     p.add_argument("--delta", type=delta_list, default=[0.1], help="recompute threshold(s) in [0, 1], comma-separated")
+    p.add_argument("--fold-ratio", type=float_list, default=[None],
+                   help="impose fold ratio(s) f on every layer instead of the gate's decisions, and time the rows "
+                   "limit beside (a dense pass over the rows a folded layer recomputes)")
     p.add_argument("--layers", type=positive_int, default=4, help="layers of the model (default 4)")
     p.add_argument("--vocab", type=positive_int, default=None, help="vocabulary (default: the shape's real one)")
     p.add_argument("--branches", type=positive_int, default=7, help="draft branches B (default 7)")
@@ -112,6 +116,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--repeats", type=positive_int, default=1, help="interleaved rounds of the grid (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per grid point")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="the dense forwards under torch.compile (default off; see specfold.config.DEFAULT_COMPILE)")
     p.set_defaults(func=run_batch)
 
     p = bench_sub.add_parser(
@@ -184,20 +190,23 @@ def run_pass(args: argparse.Namespace) -> int:
     from specfold.model.loading import parse_dtype
 
     dtype = parse_dtype(resolve_dtype(args, args.device))
-    for shape in args.shape:
-        for delta in args.delta:
-            res = bench_pass(shape, delta, layers=args.layers, vocab=args.vocab, branches=args.branches,
-                             block=args.block, prefix=args.prefix, dtype=dtype, repeats=args.repeats,
-                             threads=args.threads, device=args.device)
-            if args.json:
-                print(json.dumps(res.as_dict()), flush=True)
-                continue
-            total = sum(res.parts.values())
-            parts = "  ".join(f"{k} {100 * v / total:.0f}%" for k, v in res.parts.items() if total)
-            print(f"{shape:<18} delta={delta:<5} dense {res.dense_seconds * 1e3:8.1f} ms  folded "
-                  f"{res.folded_seconds * 1e3:8.1f} ms  ratio {res.ratio:.3f}  fold {res.fold_ratio:.2f} "
-                  f"ffn {res.ffn_fold_ratio:.2f}  dense layers {res.dense_layers}/{res.layers}  "
-                  f"ops/layer {res.ops_per_layer:.0f}  syncs/layer {res.syncs_per_layer:.1f}\n    {parts}", flush=True)
+    grid = [(shape, delta, f) for shape in args.shape for delta in args.delta for f in args.fold_ratio]
+    for shape, delta, f in grid:
+        res = bench_pass(shape, delta, layers=args.layers, vocab=args.vocab, branches=args.branches,
+                         block=args.block, prefix=args.prefix, dtype=dtype, repeats=args.repeats,
+                         threads=args.threads, device=args.device, imposed_fold=f)
+        if args.json:
+            print(json.dumps(res.as_dict()), flush=True)
+            continue
+        if f is not None:
+            print(f"{shape:<18} imposed fold {f:.2f}: folded {res.folded_seconds * 1e3:8.1f} ms  rows limit "
+                  f"{res.rows_seconds * 1e3:8.1f} ms  folded/rows {res.rows_ratio:.3f}")
+        total = sum(res.parts.values())
+        parts = "  ".join(f"{k} {100 * v / total:.0f}%" for k, v in res.parts.items() if total)
+        print(f"{shape:<18} delta={delta:<5} dense {res.dense_seconds * 1e3:8.1f} ms  folded "
+              f"{res.folded_seconds * 1e3:8.1f} ms  ratio {res.ratio:.3f}  fold {res.fold_ratio:.2f} "
+              f"ffn {res.ffn_fold_ratio:.2f}  dense layers {res.dense_layers}/{res.layers}  "
+              f"ops/layer {res.ops_per_layer:.0f}  syncs/layer {res.syncs_per_layer:.1f}\n    {parts}", flush=True)
     return 0
 
 
@@ -259,6 +268,7 @@ def run_batch(args: argparse.Namespace) -> int:
     methods = {}
     for name in args.methods:
         options = {"delta": args.delta, "backend": args.backend} if name == "specfold" else {}
+        options["compile"] = args.compile
         if name != "vanilla" and graph is not None:
             options["graph"] = graph
         methods[name] = prepare_method(model, MethodConfig(name, **options), cfg)
