@@ -69,19 +69,11 @@ def random_net(shape, layers: int, vocab: int, device: str):
     return random_model(cfg, seed=0).to(device).eval(), cfg
 
 
-def timed(fn, device: str, repeats: int) -> float:
-    """Median seconds of ``fn()`` after one warm-up, the device synchronised."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+def timed_ms(fns: dict, device: str, repeats: int) -> dict[str, float]:
+    """Median ms of each ``fn()``: interleaved after one warm-up, the device synchronised (bench.timing's rules)."""
+    from specfold.bench.timing import interleaved
+
+    return {k: 1e3 * t.median for k, t in interleaved(fns, repeats, warmup=1, device=device).items()}
 
 
 def layer_check(name: str, shape, device: str, prefix: int, n: int, repeats: int) -> list[dict]:
@@ -137,8 +129,8 @@ def layer_check(name: str, shape, device: str, prefix: int, n: int, repeats: int
             dense = DenseVerifier(net)
             runs = {"dense": dense, "folded_torch": verifier(net, "torch"), "folded_triton": verifier(net, "triton")}
             with torch.no_grad():
-                row["bf16_pass_ms"] = {k: 1e3 * timed(lambda v=v: v.verify(caches["bf16"], states, parents), device,
-                                                      repeats) for k, v in runs.items()}
+                row["bf16_pass_ms"] = timed_ms({k: lambda v=v: v.verify(caches["bf16"], states, parents)
+                                                for k, v in runs.items()}, device, repeats)
         rows.append(row)
         log(f"layers {name} {label}: ok={row['ok']} fp32 err {row['fp32_err_triton']:.2e}, bf16 err "
             f"{row['bf16_err_triton']:.2e} (limit {limit:.2e})")
