@@ -56,10 +56,10 @@ def _optional(value: Any) -> Any:
 
 def _method_config(method: str, options: dict[str, Any]) -> MethodConfig:
     """The MethodConfig of lm-eval's model args (strings): ``delta`` a float, ``budget``/``depth`` integers,
-    ``lookahead`` a flag, the rest as given; ``none`` or empty = not given (an option given for a method it does not
-    apply to is refused). Other args are ignored (lm-eval's own, e.g. ``batch_size``: decoding is one sample at a
-    time)."""
-    parse = {"delta": float, "budget": int, "depth": int, "lookahead": _flag}
+    ``lookahead`` and ``compile`` flags, the rest as given; ``none`` or empty = not given (an option given for a
+    method it does not apply to is refused). Other args are ignored (lm-eval's own, e.g. ``batch_size``: decoding is
+    one sample at a time)."""
+    parse = {"delta": float, "budget": int, "depth": int, "lookahead": _flag, "compile": _flag}
     given = {k: _optional(options.get(k)) for k in METHOD_OPTIONS}
     return MethodConfig(_optional(method), **{k: parse.get(k, str)(v) for k, v in given.items() if v is not None})
 
