@@ -157,7 +157,7 @@ class FoldedVerifier:
         dev = net.device
         local, checked = self._parents(batch.parents)
         rows = sum(batch.branches) * n
-        if self._dense_pass(rows, n, float(batch.lengths.float().mean())):
+        if self._dense_pass(rows, n, batch.lengths):
             logits = self._dense.verify_batch(batch).logits
             return BatchVerifyResult(logits, self._dense_stats(checked, n, batch.branches))
         lengths = batch.lengths.to(dev)
@@ -191,15 +191,17 @@ class FoldedVerifier:
         self._observe(sum(stats, FoldStats()))
         return BatchVerifyResult(per_request, stats)
 
-    def _dense_pass(self, m: int, n: int, prefix: float) -> bool:
-        """The per-pass rule (``cfg.pass_choice``): whether a pass of ``m`` rows (block ``n``, ``prefix`` keys on
-        average) runs dense, decided before any gate from :attr:`pass_cost` and the running fold ratio."""
+    def _dense_pass(self, m: int, n: int, prefix: int | torch.Tensor) -> bool:
+        """The per-pass rule (``cfg.pass_choice``): whether a pass of ``m`` rows (block ``n``, ``prefix`` keys, or
+        the requests' host-side lengths ``[R]``, averaged) runs dense, decided before any gate from
+        :attr:`pass_cost` and the running fold ratio. Without a rule nothing is read."""
         choice = self.cfg.pass_choice
         if choice != "auto":
             return choice == "dense"
         if self.pass_cost is None:
             return False
-        return not self.pass_cost.folding_pays(m, n, int(prefix), self.fold_estimate)
+        keys = prefix if isinstance(prefix, int) else int(prefix.float().mean())  # NOTE: host lengths, no sync
+        return not self.pass_cost.folding_pays(m, n, keys, self.fold_estimate)
 
     def _observe(self, stats: FoldStats) -> None:
         """Move f̂ towards a folded pass's fold ratio."""
