@@ -52,7 +52,8 @@ def test_generate_json_is_the_decode_of_the_prompt(capsys, embedded, method):
         assert (rec["nfe"], rec["nfe_denoise"], rec["steps_per_block"]) == (want.nfe, want.nfe_denoise,
                                                                             want.steps_per_block)
     else:
-        assert rec["nfe"] <= want.nfe and 0.0 < rec["fold_ratio"] < 1.0 and rec["accepted_per_step"] >= 0
+        # the per-pass rule may run every pass dense where folding cannot pay (fold ratio 0 then)
+        assert rec["nfe"] <= want.nfe and 0.0 <= rec["fold_ratio"] < 1.0 and rec["accepted_per_step"] >= 0
 
 
 def test_generate_text_output(capsys, embedded):
