@@ -34,13 +34,13 @@ import torch
 from specfold.api import decode_config_for, load_model, prepare_method
 from specfold.bench.batch import held_out_prompts, random_shape_model
 from specfold.bench.ops import count_ops
-from specfold.bench.timing import interleaved
 from specfold.config import MethodConfig
 from specfold.decoding.decoder import decode_batch
 from specfold.engine.folded import FoldedVerifier
 from specfold.model.cache import BatchCache
 from specfold.model.linear import linear
 from specfold.model.loading import parse_dtype
+from specfold.timing import interleaved
 
 
 def forward_and_gemms_ms(model, prompts, r: int, repeats: int = 20) -> dict[str, float]:

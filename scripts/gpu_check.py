@@ -70,8 +70,8 @@ def random_net(shape, layers: int, vocab: int, device: str):
 
 
 def timed_ms(fns: dict, device: str, repeats: int) -> dict[str, float]:
-    """Median ms of each ``fn()``: interleaved after one warm-up, the device synchronised (bench.timing's rules)."""
-    from specfold.bench.timing import interleaved
+    """Median ms of each ``fn()``: interleaved after one warm-up, the device synchronised (specfold.timing's rules)."""
+    from specfold.timing import interleaved
 
     return {k: 1e3 * t.median for k, t in interleaved(fns, repeats, warmup=1, device=device).items()}
 

@@ -15,8 +15,8 @@ from functools import partial
 import torch
 
 import specfold
-from specfold.bench.timing import interleaved
 from specfold.engine.dense import DenseVerifier
+from specfold.timing import interleaved
 
 
 def main() -> None:

@@ -355,8 +355,8 @@ def run_eval(args: argparse.Namespace, n: int, out: Path) -> tuple[dict[str, dic
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """:func:`specfold.bench.timing.percentile` (linear interpolation), None without values."""
-    from specfold.bench.timing import percentile as interpolated
+    """:func:`specfold.timing.percentile` (linear interpolation), None without values."""
+    from specfold.timing import percentile as interpolated
 
     return interpolated(values, q) if values else None
 

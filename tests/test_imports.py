@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "specfold"
 # Bottom to top. A module may import modules of its own layer or of a lower one, never of a higher one. A name
 # matches a module and everything under it; the most specific name wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("specfold.config", "specfold.validation", "specfold.io"),  # dataclasses, checks, output files
+    ("specfold.config", "specfold.validation", "specfold.io", "specfold.timing"),  # dataclasses, checks, files, timing
     ("specfold.model",),  # the transformer, checkpoints, caches, families
     ("specfold.engine",),  # verification executors (dense, folded torch / triton)
     ("specfold.decoding",),  # unmasking, draft graphs, the decoding loop

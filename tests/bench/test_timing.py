@@ -1,11 +1,11 @@
-"""``specfold.bench.timing``: warm-up rounds stay untimed, candidates run interleaved, and a figure is the median of
+"""``specfold.timing``: warm-up rounds stay untimed, candidates run interleaved, and a figure is the median of
 its repeats with the max − min spread. A fake clock makes every duration known."""
 
 from __future__ import annotations
 
 import pytest
 
-from specfold.bench import timing
+from specfold import timing
 
 
 class FakeClock:

@@ -9,10 +9,11 @@ import torch
 from tests.engine.branch_pass import PARENTS, branch_pass
 
 from specfold.engine.base import BatchBranches
-from specfold.engine.cost import PassCost, measure_pass
+from specfold.engine.cost import PassCost
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.engine.layer_types import FoldConfig
+from specfold.engine.pass_measure import measure_pass
 from specfold.model.cache import BatchCache
 
 

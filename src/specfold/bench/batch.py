@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from specfold.bench.timing import percentile, timed
 from specfold.config import DecodeConfig
 from specfold.decoding.core import GenerationResult
 from specfold.decoding.decoder import decode_batch
 from specfold.engine.stats import FoldStats
 from specfold.model.loading import LoadedModel
+from specfold.timing import percentile, timed
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specfold.bench.shapes import SHAPES, LayerShape  # noqa: F401  (the one table of shapes; re-exported)
-from specfold.bench.timing import interleaved
 from specfold.config import ModelConfig, RopeConfig
 from specfold.engine.cost import LayerCost, measure_machine
 from specfold.engine.folded_layer import folded_layer
@@ -46,6 +45,7 @@ from specfold.engine.plan import correction_plan, gate_and_compact
 from specfold.model.attention import attend
 from specfold.model.rope import Rotary
 from specfold.model.transformer import Layer
+from specfold.timing import interleaved
 
 
 @dataclass

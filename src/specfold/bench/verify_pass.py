@@ -23,11 +23,11 @@ import torch
 
 from specfold.bench.layer import SHAPES, default_parents, model_config
 from specfold.bench.ops import count_ops
-from specfold.bench.timing import interleaved, timed_call
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
 from specfold.engine.profiling import PARTS
 from specfold.model.random_checkpoint import random_model
+from specfold.timing import interleaved, timed_call
 
 
 @dataclass

@@ -45,11 +45,12 @@ from dataclasses import replace
 import torch
 
 from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
-from specfold.engine.cost import LayerCost, measure_machine, measure_pass
+from specfold.engine.cost import LayerCost, measure_machine
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded_layer import folded_layer
 from specfold.engine.gate import BranchGraph, check_parents, safe_parents
 from specfold.engine.layer_types import FoldConfig, FoldTrace, LayerContext, LayerCounts
+from specfold.engine.pass_measure import measure_pass
 from specfold.engine.plan import gate_and_compact
 from specfold.engine.profiling import part
 from specfold.engine.stats import FoldStats, fold_stats_batch

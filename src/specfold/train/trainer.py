@@ -54,7 +54,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specfold.config import ModelConfig
 from specfold.model.families import config_from_dict
 from specfold.model.random_checkpoint import save_checkpoint
 from specfold.model.transformer import DLLM, rms_norm
