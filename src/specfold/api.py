@@ -113,6 +113,8 @@ def decode_config_for(
     ``steps`` / ``strategy``: a quota rule's passes per block and strategy (SDAR), refused for other families."""
     family = family_of(model.config)
     sbs = family.default_small_block_size if small_block_size == "auto" else small_block_size
+    if small_block_size == "auto" and sbs is not None and block_size is not None and sbs > block_size:
+        sbs = block_size  # the family's default window, at most the (smaller) block asked for
     cfg = DecodeConfig(
         max_new_tokens=max_new_tokens,
         threshold=threshold,
@@ -128,9 +130,8 @@ def decode_config_for(
         # the prompt was trained block-causally in blocks of model_n: a block must tile them
         raise ValidationError(f"block_size {n} does not divide the model's block size {model_n} (block-causal family)")
     if cfg.small_block_size is not None and cfg.small_block_size > n:
-        which = "the family's default small block" if small_block_size == "auto" else "small_block_size"
         raise ValidationError(
-            f"{which} {cfg.small_block_size} is larger than block_size {n}; give a small block size that "
+            f"small_block_size {cfg.small_block_size} is larger than block_size {n}; give a small block size that "
             f"divides it (or 'none')"
         )
     cfg.validate()

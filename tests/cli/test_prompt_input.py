@@ -107,7 +107,7 @@ def test_the_api_checks_text_and_messages(embedded):
     "argv, what",
     [
         (["--block-size", "7"], "does not divide the model's block size 32"),
-        (["--block-size", "4"], "the family's default small block 8 is larger than block_size 4"),
+        (["--block-size", "4", "--small-block-size", "8"], "small_block_size 8 is larger than block_size 4"),
         (["--small-block-size", "64"], "small_block_size 64 is larger than block_size 32"),
         (["--block-size", "16", "--small-block-size", "3"], "not a multiple of small_block_size 3"),
     ],
