@@ -51,6 +51,7 @@ import torch
 
 from specfold.config import DecodeConfig
 from specfold.decoding.unmasking import StopIds, quota_short, rule_step, stop_ids_tuple, stop_reached
+from specfold.engine.base import BatchBranches
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.stats import FoldStats
 from specfold.model.cache import BatchCache
@@ -409,8 +410,6 @@ class Decoder:
             (states, parents), req = drafts[0], reqs[0]
             result = self.verifier.verify(self.cache.slot(req.slot), states, parents)
             return [(result.logits, result.stats)]
-        from specfold.engine.base import BatchBranches
-
         n = self.cfg.block_size
         k = max(st.shape[0] for st, _ in drafts)
         states = torch.stack([torch.cat([st, st[:1].expand(k - st.shape[0], n)]) for st, _ in drafts])
