@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specfold.engine.attention_rows import attend_rows
+from specfold.engine.attention_rows import attend_rows, attend_split
 from specfold.engine.correction import correct_rows
 from specfold.engine.cost import LayerCost
 from specfold.engine.gate import fold_mask, relative_residual
@@ -123,17 +123,23 @@ def folded_layer(
 
 
 def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
-    """Every row's attention computed directly over its branch's own (partly inherited) block K/V."""
+    """Every row's attention computed directly over its branch's own (partly inherited) block K/V. A dense plan runs
+    the dense pass's attention; otherwise the prefix part runs once per pool row (a folded row's query, hence its
+    prefix scores, are its source's) and the block part per row (:func:`attend_split`)."""
     k, n = plan.recompute.shape
     with part("qkv"):
         q, kk, vv = qkv_rows(layer, h, plan.rows, ctx)
-    if plan.rows.numel() == k * n:  # dense: the pool is the table
+    dense = plan.rows.numel() == k * n
+    if dense:  # the pool is the table
         q_tab, k_tab, v_tab = q.view(k, n, *q.shape[1:]), kk.view(k, n, *kk.shape[1:]), vv.view(k, n, *vv.shape[1:])
     else:
         with part("packing"):
-            q_tab, k_tab, v_tab = (take(x, plan.table) for x in (q, kk, vv))
+            k_tab, v_tab = take(kk, plan.table), take(vv, plan.table)
     with part("attention"):
-        if prefix_k is not None and prefix_k.dim() == 4:  # several requests, each over its own prefix
+        if not dense:
+            o = attend_split(q, plan.rows, plan.table, prefix_k, prefix_v, k_tab, v_tab, ctx.scale, ctx.prefix_len,
+                             ctx.branch_request)
+        elif prefix_k is not None and prefix_k.dim() == 4:  # several requests, each over its own prefix
             s = prefix_k.shape[0]
             live = ctx.prefix_len if ctx.prefix_len is not None else torch.full((s,), prefix_k.shape[2])
             request = ctx.branch_request
@@ -145,7 +151,8 @@ def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
     with part("o_proj"):
         h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, *q.shape[1:]))
     zero = torch.zeros(k, dtype=torch.long, device=h.device)
-    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=o, flagged=zero[:0], guard=zero, corrected=zero)
+    return _Attention(h1=h1, q=q_tab if dense else take(q, plan.table), k=k_tab, v=v_tab, o=o, flagged=zero[:0],
+                      guard=zero, corrected=zero)
 
 
 def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) -> _Attention:
