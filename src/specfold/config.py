@@ -76,6 +76,10 @@ QUOTA_STRATEGIES: dict[str, str] = {
 }
 
 
+# Fast-dLLM v1's caches for the fully bidirectional families (DecodeConfig.cache).
+CACHE_MODES = ("none", "prefix", "dual")
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Vanilla block decoding parameters (SPEC §2)."""
@@ -89,6 +93,11 @@ class DecodeConfig:
     # ("low_confidence_dynamic" | "low_confidence_static"; None: the family's default). See UnmaskRule.
     steps: int | None = None
     strategy: str | None = None
+    # Fully bidirectional families only (LLaDA, Dream): Fast-dLLM v1's cache — "none" (every pass a forward of the
+    # whole sequence), "prefix" or "dual"; None: the family's default (see specfold.decoding.sequence). There
+    # ``steps`` counts the passes of the whole generation, as their references do (``steps // (max_new_tokens //
+    # block_size)`` per block).
+    cache: str | None = None
 
     def validate(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -101,6 +110,8 @@ class DecodeConfig:
             raise ValueError(f"prefill_chunk must be positive, got {self.prefill_chunk}")
         if self.steps is not None and self.steps <= 0:
             raise ValueError(f"steps must be positive, got {self.steps}")
+        if self.cache is not None and self.cache not in CACHE_MODES:
+            raise ValueError(f"unknown cache {self.cache!r}; choose one of {', '.join(CACHE_MODES)}")
         if self.strategy is not None and self.strategy not in QUOTA_STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(QUOTA_STRATEGIES)}")
         if self.small_block_size is not None:
