@@ -30,10 +30,18 @@ class PrefixCache:
         self.k = torch.zeros(num_layers, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.length = 0
+        self.window_start: int | None = None
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
+
+    @property
+    def start(self) -> int:
+        """The absolute position of the rows a forward runs over this cache: ``window_start`` when set (Fast-dLLM
+        v1's dual cache holds the suffix keys after the prefix, so the block starts before the cache's end), else
+        the cached length."""
+        return self.length if self.window_start is None else self.window_start
 
     def layer(self, layer: int, pending: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``(k [Hkv, P, D], v [Hkv, P, D])`` of the committed prefix of one layer; with ``pending`` they
@@ -100,7 +108,7 @@ class BatchCache:
 
     def _view(self, s: int) -> PrefixCache:
         view = PrefixCache.__new__(PrefixCache)
-        view.k, view.v, view.length = self.k[:, s], self.v[:, s], 0
+        view.k, view.v, view.length, view.window_start = self.k[:, s], self.v[:, s], 0, None
         return view
 
     @property
@@ -112,6 +120,7 @@ class BatchCache:
 
     def reset(self, s: int) -> None:
         self.views[s].length = 0
+        self.views[s].window_start = None
 
     def write(
         self,
