@@ -1,4 +1,5 @@
-"""Kernel 3 (RMSNorm + QKV GEMM + RoPE + query scale + scatter) and kernel 6 (fused FFN) against their references.
+"""Kernel 3 (RMSNorm + QKV GEMM (+ per-head q/k RMSNorm) + RoPE + query scale + scatter) and kernel 6 (fused FFN)
+against their references.
 
 Tolerances: fp32 storage vs an fp64 reference, rtol = atol = 2e-5 (conftest.FP32_TOL); bf16 storage: error vs
 the fp64 reference ≤ 2 × the error of the torch reference run in bf16 (+1e-5).
@@ -60,6 +61,35 @@ def test_qkv_rope_matches_reference(dtype, hq, hkv, d, family, device, matches) 
     for g, w64, c in zip(got, want, ctrl, strict=True):
         assert g.dtype == dtype
         matches(g.cpu(), w64, None if dtype == torch.float32 else c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(6, 2, 64), (4, 1, 40)])  # 40: a half head (20) under its pow2 tile
+def test_qkv_rope_qk_norm_matches_reference(dtype, hq, hkv, d, device, matches) -> None:
+    """qk-norm (Qwen3 layers, SDAR): the per-head q/k RMSNorm between the GEMM and RoPE, no bias, plain RoPE."""
+    e = 136
+    gen = torch.Generator().manual_seed(hq + d + 1)
+    h = torch.randn(K * N, e, generator=gen)
+    w = torch.randn((hq + 2 * hkv) * d, e, generator=gen) * 3 * e**-0.5  # q/k rows of rms ≈ 3: the norm bites
+    nw, qn, kn = (1 + 0.2 * torch.randn(x, generator=gen) for x in (e, d, d))
+    rows = _rows(gen)
+    cos, sin, _ = Rotary(ROPES["fd"][0], d).tables(torch.arange(PREFIX, PREFIX + N), dtype)
+    low = [t.to(dtype) for t in (h, nw, w, qn, kn)]
+    hi = [t.double() for t in low]
+    c64, s64 = cos.double(), sin.double()
+    got = qkv_rope(low[0].to(device), rows.to(device), low[1].to(device), EPS, low[2].to(device), None,
+                   cos.to(device), sin.to(device), None, hq, hkv, q_norm=low[3].to(device), k_norm=low[4].to(device))
+    want = qkv_rope_ref(hi[0], rows, hi[1], EPS, hi[2], None, c64, s64, None, hq, hkv, q_norm=hi[3], k_norm=hi[4])
+    ctrl = qkv_rope_ref(low[0], rows, low[1], EPS, low[2], None, cos, sin, None, hq, hkv, q_norm=low[3],
+                        k_norm=low[4])
+    for g, w64, c in zip(got, want, ctrl, strict=True):
+        matches(g.cpu(), w64, None if dtype == torch.float32 else c)
+    plain = qkv_rope_ref(hi[0], rows, hi[1], EPS, hi[2], None, c64, s64, None, hq, hkv)
+    assert (plain[0] - want[0]).abs().max() > 0.5 and (plain[1] - want[1]).abs().max() > 0.5  # qk-norm changes q, k
+    assert torch.equal(plain[2], want[2])  # and leaves v alone
+    with pytest.raises(ValueError, match="come together"):
+        qkv_rope(low[0].to(device), rows.to(device), low[1].to(device), EPS, low[2].to(device), None,
+                 cos.to(device), sin.to(device), None, hq, hkv, q_norm=low[3].to(device))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

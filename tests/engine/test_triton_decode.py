@@ -1,12 +1,15 @@
-"""Full decodes with ``FoldedVerifier(backend="triton")`` at δ = 0: token for token the vanilla trajectory, for both
-families — the default tier's version of tests/test_embedded.py's slow Triton identity test (the embedded model's 8
-layers cost about 40 s in the interpreter even at B = 1, 2 passes: every program of its FFN and QKV GEMMs loops over
-the hidden size; this 1-layer, width-32 random model costs a few seconds).
+"""Full decodes with ``FoldedVerifier(backend="triton")`` at δ = 0: token for token the vanilla trajectory, for every
+family (SDAR: qk-norm in the QKV kernel, its quota rule, blocks of 8) — the default tier's version of
+tests/test_embedded.py's slow Triton identity test (the embedded model's 8 layers cost about 40 s in the interpreter
+even at B = 1, 2 passes: every program of its FFN and QKV GEMMs loops over the hidden size; this 1-layer, width-32
+random model costs a few seconds).
 
 The draft graph is calibrated on the decoded prompt itself, so drafts are accepted (an accepted draft's logits come
 from its folded rows) and the pass folds rows (at least every unchanged position of a draft at layer 0)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -24,12 +27,22 @@ from specfold.model.random_checkpoint import write_random_checkpoint  # noqa: E4
 
 SHAPE = {"vocab_size": 64, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "num_layers": 1,
          "intermediate_size": 48, "mask_token_id": 63, "eos_token_id": 62}
+FAMILIES = ["fast_dllm_v2", "nld", "sdar"]
 
 
-@pytest.mark.parametrize("family", ["fast_dllm_v2", "nld"])
+def _model(tmp_path, family, device):
+    ckpt = write_random_checkpoint(tmp_path / family, family, seed=3, **SHAPE)
+    if family == "sdar":  # block-causal prefill in blocks of the decode's block: the checkpoint's block is 8 too
+        raw = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**raw, "block_size": 8}))
+    model = load_model(ckpt, dtype="fp32", device=device)
+    assert model.config.qk_norm == (family == "sdar")
+    return model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_triton_decode_at_delta_zero_is_token_identical(family, tmp_path, device):
-    model = load_model(write_random_checkpoint(tmp_path / family, family, seed=3, **SHAPE), dtype="fp32",
-                       device=device)
+    model = _model(tmp_path, family, device)
     small = 4 if family == "fast_dllm_v2" else None
     cfg = DecodeConfig(max_new_tokens=8, block_size=8, small_block_size=small)
     prompt = torch.randint(0, 60, (5,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -53,7 +66,7 @@ def test_triton_decode_at_delta_zero_is_token_identical(family, tmp_path, device
         assert getattr(got.engine_stats, key) == getattr(ref.engine_stats, key), key
 
 
-@pytest.mark.parametrize("family", ["fast_dllm_v2", "nld"])
+@pytest.mark.parametrize("family", ["fast_dllm_v2", "nld"])  # SDAR batched: 34 s in the interpreter
 def test_triton_batch_decode_at_delta_zero_is_vanilla_and_equals_torch(family, tmp_path, device):
     """decode_batch with the triton backend: three prompts of different lengths (one not block-aligned, one longer
     than a block) through a batch of two with refill — every request's tokens are vanilla's, and its per-request
@@ -61,8 +74,7 @@ def test_triton_batch_decode_at_delta_zero_is_vanilla_and_equals_torch(family, t
     from specfold.decoding.core import BatchMethod
     from specfold.decoding.decoder import decode_batch
 
-    model = load_model(write_random_checkpoint(tmp_path / family, family, seed=3, **SHAPE), dtype="fp32",
-                       device=device)
+    model = _model(tmp_path, family, device)
     small = 4 if family == "fast_dllm_v2" else None
     cfg = DecodeConfig(max_new_tokens=8, block_size=8, small_block_size=small)
     gen = torch.Generator().manual_seed(7)

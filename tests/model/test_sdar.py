@@ -133,11 +133,3 @@ def test_random_config_is_the_published_layout():
     raw = random_config("sdar")
     assert raw["model_type"] == "sdar" and raw["architectures"] == ["SDARForCausalLM"]
     assert raw["attention_bias"] is False and "block_size" in raw and "mask_token_id" in raw
-
-
-def test_triton_backend_refuses_qk_norm(sdar_ckpt):
-    from specfold.engine.folded import FoldedVerifier
-
-    _, _, net = load_checkpoint(sdar_ckpt, dtype="fp32")
-    with pytest.raises(ValueError, match="qk-norm"):
-        FoldedVerifier(net, delta=0.0, backend="triton", cost=None)

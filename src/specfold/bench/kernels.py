@@ -51,7 +51,8 @@ SPILL_ALLOWANCE: dict[tuple[str, str], tuple[int, str]] = {
                                     "(1.3-1.9 KB; fewer rows or more warps did not remove it)"),
     ("correct_folded", "fp32"): (64, "the signed P·V sums, fp32 FMA dots [16, 32] × [32, 128], at 255 registers "
                                      "(16-32 B)"),
-    ("qkv_rope", "fp32"): (64, "sm_90, NLD shapes: two [64, 64] fp32 accumulators + the query-scale rows (24 B)"),
+    ("qkv_rope", "fp32"): (64, "sm_90, NLD shapes: two [64, 64] fp32 accumulators + the query-scale rows; SDAR "
+                               "shapes: + the per-head q/k RMSNorm (24 B each)"),
 }
 
 # constexpr flags that make a launch a different variant of its kernel (suffix of the reported kernel name)
@@ -115,7 +116,7 @@ def layer_launches(
     cache_k = torch.empty(hkv, 4 * prefix, d, dtype=dtype, device=meta)  # a cache longer than the live prefix
     prefix_k = prefix_v = cache_k[:, :prefix]  # [Hkv, P, D] strided view, as PrefixCache.layer gives it
     cos = torch.empty(n, d, dtype=dtype, device=meta)
-    qscale = None if shape.qkv_bias else torch.empty(n, dtype=dtype, device=meta)  # NLD: Llama-4 query scale
+    qscale = torch.empty(n, dtype=dtype, device=meta) if shape.family_name == "nld" else None  # Llama-4 query scale
     cfg = FoldConfig(delta=0.1, backend="triton", attention="correct")
     launches: dict[str, object] = {}
     keys: dict[str, tuple] = {}

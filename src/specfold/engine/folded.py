@@ -79,8 +79,6 @@ class FoldedVerifier:
         if cfg.backend == "triton":
             if net.dtype not in (torch.float32, torch.bfloat16, torch.float16):
                 raise ValueError(f"the triton backend runs fp32/bf16/fp16 models, got {net.dtype}")
-            if net.cfg.qk_norm:
-                raise ValueError("the triton backend has no per-head q/k RMSNorm (qk-norm, SDAR): use backend='torch'")
             try:
                 import specfold.engine.triton_backend  # noqa: F401  (lazy: torch paths never import triton)
             except ImportError as err:

@@ -112,14 +112,16 @@ def qkv_rope_ref(
     num_heads: int,
     num_kv_heads: int,
     count: torch.Tensor | None = None,  # [1] int: only rows[:count] computed; the rest of the pools is zero
+    q_norm: torch.Tensor | None = None,  # [D] per-head RMSNorm on q (qk-norm), or None
+    k_norm: torch.Tensor | None = None,  # [D] on k
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     d = w_qkv.shape[0] // (num_heads + 2 * num_kv_heads)
     if count is not None:
         live = qkv_rope_ref(h, rows[: int(count)], norm_weight, eps, w_qkv, b_qkv, cos, sin, qscale, num_heads,
-                            num_kv_heads)
+                            num_kv_heads, q_norm=q_norm, k_norm=k_norm)
         return tuple(torch.cat([t, t.new_zeros(rows.shape[0] - t.shape[0], *t.shape[1:])]) for t in live)
     layer = SimpleNamespace(input_norm=norm_weight, eps=eps, wqkv=w_qkv, bqkv=b_qkv, hq=num_heads,
-                            hkv=num_kv_heads, d=d)
+                            hkv=num_kv_heads, d=d, q_norm=q_norm, k_norm=k_norm)
     rows = rows.long()
     pos = rows % cos.shape[0]
     return Layer.qkv(layer, h[rows], cos[pos], sin[pos], None if qscale is None else qscale[pos])

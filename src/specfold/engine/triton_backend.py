@@ -9,7 +9,8 @@ Per layer (kernels in :mod:`specfold.engine.kernels`):
 
 1. ``gate_compact`` — Eq. 4/5 + atomic compaction: the row list (``M`` entries, the first ``count`` valid) and the
    device-side ``count``; ``resolve_sources`` gives each (branch, position) its pool row (``table``).
-2. ``qkv_rope`` on the upper-bound grid; blocks past ``count`` exit → Q/K/V pools ``[M, ...]``.
+2. ``qkv_rope`` on the upper-bound grid (with the per-head q/k RMSNorm of qk-norm models); blocks past ``count``
+   exit → Q/K/V pools ``[M, ...]``.
 3. ``attend_rows`` over the per-branch lists → ``(m, Z, O)`` per pool row.
 4. ``correct_folded`` over all (branch, position) in one launch; guard-flagged rows go back through
    ``attend_rows`` with their source's query — always launched, over per-branch lists of the flagged rows, whose
@@ -111,7 +112,8 @@ def folded_layer_triton(
     table, flat_table = plan.table, plan.table.reshape(-1)
     plen = ctx.prefix_len
     q, kk, vv = qkv_rope(h, plan.rows, layer.input_norm, layer.eps, layer.wqkv, layer.bqkv, ctx.cos, ctx.sin,
-                         ctx.qscale, layer.hq, layer.hkv, count=plan.count)  # pools [M, ...], first R live
+                         ctx.qscale, layer.hq, layer.hkv, count=plan.count, q_norm=layer.q_norm,
+                         k_norm=layer.k_norm)  # pools [M, ...], first R live
     state = attend_rows(q, table, plan.lists, plan.counts, prefix_k, prefix_v, kk, vv, table, ctx.scale, table, m,
                         prefix_len=plen)
     fix = correct_folded(

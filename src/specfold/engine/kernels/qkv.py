@@ -6,8 +6,10 @@ Dims: ``M`` rows of the hidden-state table (``K·N``), ``E`` hidden size, ``R`` 
 Program ``(row block, head)`` normalises its rows (fp32 sum of squares, then the model-dtype rounding of
 :func:`specfold.model.transformer.rms_norm`), multiplies by that head's ``D`` rows of the packed weight
 ``[(Hq + 2·Hkv)·D, E]`` as two half-head accumulators — so ``rotate_half`` is a swap of accumulators, no shuffle —
-adds the bias, rotates Q and K heads with the position's cos/sin (plain RoPE and YaRN are both just tables),
-scales Q by the Llama-4 factor, and scatters the result to pool slot ``r`` of ``q``, ``k`` or ``v``.
+adds the bias, applies the per-head q/k RMSNorm of Qwen3-layer models (qk-norm, SDAR: over the head's ``D``
+entries, both accumulators, after the model-dtype rounding of the GEMM output, before RoPE), rotates Q and K heads
+with the position's cos/sin (plain RoPE and YaRN are both just tables), scales Q by the Llama-4 factor, and scatters
+the result to pool slot ``r`` of ``q``, ``k`` or ``v``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from specfold.engine.kernels._common import (
 
 @triton.jit
 def _qkv_rope_kernel(
-    h_ptr, rows_ptr, cnt_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, qs_ptr, q_ptr, k_ptr, v_ptr,
+    h_ptr, rows_ptr, cnt_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, qs_ptr, qn_ptr, kn_ptr, q_ptr, k_ptr, v_ptr,
     R, N, E, eps, stride_h, stride_w, stride_cos,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF_P: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_COUNT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_COUNT: tl.constexpr, HAS_QKNORM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NATIVE: tl.constexpr, FIX: tl.constexpr,
 ):
     dtype = h_ptr.dtype.element_ty
@@ -83,6 +85,20 @@ def _qkv_rope_kernel(
     pos = rows % N
     out_m = mm[:, None] & mj[None, :]
     if head < HQ + HKV:  # RoPE on Q and K heads: [x1, x2] -> [x1·c1 − x2·s1, x2·c2 + x1·s2]
+        if HAS_QKNORM:  # Layer.qkv: the GEMM output in the model dtype, rms_norm over the head's D, then RoPE
+            if head < HQ:
+                nw_h = qn_ptr
+            else:
+                nw_h = kn_ptr
+            acc1 = cast(acc1, dtype, FIX).to(tl.float32)  # padded columns stay 0 (masked weights and bias)
+            acc2 = cast(acc2, dtype, FIX).to(tl.float32)
+            hstd = 1.0 / tl.sqrt((tl.sum(acc1 * acc1, axis=1) + tl.sum(acc2 * acc2, axis=1)) / D + eps)
+            g1 = tl.load(nw_h + offs_j, mask=mj, other=0.0).to(tl.float32)
+            g2 = tl.load(nw_h + HALF + offs_j, mask=mj, other=0.0).to(tl.float32)
+            acc1 = cast(cast(acc1 * hstd[:, None], dtype, FIX).to(tl.float32) * g1[None, :], dtype, FIX)
+            acc2 = cast(cast(acc2 * hstd[:, None], dtype, FIX).to(tl.float32) * g2[None, :], dtype, FIX)
+            acc1 = acc1.to(tl.float32)
+            acc2 = acc2.to(tl.float32)
         cs = cos_ptr + pos[:, None] * stride_cos + offs_j[None, :]
         sn = sin_ptr + pos[:, None] * stride_cos + offs_j[None, :]
         c1 = tl.load(cs, mask=out_m, other=0.0).to(tl.float32)
@@ -129,10 +145,13 @@ def qkv_rope(
     num_heads: int,
     num_kv_heads: int,
     count: torch.Tensor | None = None,  # [1] int32 on the device: only rows[:count] are computed (sync-free)
+    q_norm: torch.Tensor | None = None,  # [D] per-head RMSNorm weight on q (qk-norm: Qwen3 layers, SDAR), or None
+    k_norm: torch.Tensor | None = None,  # [D] on k; given together with q_norm
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RMSNorm → QKV GEMM → RoPE (→ query scale) on the listed rows. Returns pools ``q [R, Hq, D]``,
-    ``k, v [R, Hkv, D]`` (model dtype); pool row ``r`` belongs to ``rows[r]``. With ``count`` the launch covers all
-    ``R`` rows (an upper bound) and pool rows from ``count`` on are left uninitialised, at no arithmetic."""
+    """RMSNorm → QKV GEMM (→ per-head q/k RMSNorm) → RoPE (→ query scale) on the listed rows. Returns pools
+    ``q [R, Hq, D]``, ``k, v [R, Hkv, D]`` (model dtype); pool row ``r`` belongs to ``rows[r]``. With ``count`` the
+    launch covers all ``R`` rows (an upper bound) and pool rows from ``count`` on are left uninitialised, at no
+    arithmetic."""
     check_tensor("h", h, 2, SUPPORTED_DTYPES)
     check_inner_contiguous("h", h)
     m, e = h.shape
@@ -159,7 +178,12 @@ def qkv_rope(
     if count is not None:
         check_tensor("count", count, 1, (torch.int32,))
         check(count.shape[0] == 1, f"count must be [1], got {tuple(count.shape)}")
-    check_device(h, rows, norm_weight, w_qkv, b_qkv, cos, sin, qscale, count)
+    check((q_norm is None) == (k_norm is None), "q_norm and k_norm come together (qk-norm) or not at all")
+    for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if t is not None:
+            check_tensor(name, t, 1)
+            check(t.shape[0] == d, f"{name} must be [{d}] (the head dim), got {tuple(t.shape)}")
+    check_device(h, rows, norm_weight, w_qkv, b_qkv, cos, sin, qscale, count, q_norm, k_norm)
     r = rows.shape[0]
     q = torch.empty(r, hq, d, dtype=h.dtype, device=h.device)
     k = torch.empty(r, hkv, d, dtype=h.dtype, device=h.device)
@@ -170,10 +194,11 @@ def qkv_rope(
         _qkv_rope_kernel, qkv_config(r, e, hq + 2 * hkv),
         h, rows.contiguous(), count if count is not None else rows, norm_weight.contiguous(), w_qkv,
         b_qkv if b_qkv is not None else w_qkv,
-        cos, sin, qscale.contiguous() if qscale is not None else cos, q, k, v,
-        r, n, e, float(eps), h.stride(0), w_qkv.stride(0), cos.stride(0),
+        cos, sin, qscale.contiguous() if qscale is not None else cos,
+        q_norm.contiguous() if q_norm is not None else cos, k_norm.contiguous() if k_norm is not None else cos,
+        q, k, v, r, n, e, float(eps), h.stride(0), w_qkv.stride(0), cos.stride(0),
         HQ=hq, HKV=hkv, D=d, HALF_P=pow2(d // 2, 16), HAS_BIAS=b_qkv is not None, HAS_QSCALE=qscale is not None,
-        HAS_COUNT=count is not None, NATIVE=native_dot(h.dtype),
+        HAS_COUNT=count is not None, HAS_QKNORM=q_norm is not None, NATIVE=native_dot(h.dtype),
         FIX=fix_rounding(h.dtype),
     )
     return q, k, v
