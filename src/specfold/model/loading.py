@@ -1,9 +1,10 @@
 """Hugging Face checkpoint loading: a local directory or a hub id, single-file or sharded safetensors.
 
-Weight names follow the real checkpoints (key templates, as in gpt-fast): the per-layer names below under the
-family's prefix (``model.`` for Fast-dLLM-v2 / qwen2, ``encoder.`` for Nemotron-Labs-Diffusion) and the family's LM
-head (``lm_head.weight``; NLD's ``diffusion_head.weight``), absent when tied
-(:class:`~specfold.model.families.base.FamilySpec`).
+Weight names follow the real checkpoints (key templates, as in gpt-fast): the family's per-layer names
+(``FamilySpec.layer_keys``: the Qwen2 / Llama names, or LLaDA's ``blocks.N.{attn_norm, q_proj, …, ff_out}``) under
+its prefix (``model.`` for Fast-dLLM-v2 / qwen2 / SDAR / Dream, ``encoder.`` for Nemotron-Labs-Diffusion,
+``model.transformer.`` for LLaDA) and the family's LM head (``lm_head.weight``; NLD's ``diffusion_head.weight``;
+LLaDA's ``model.transformer.ff_out.weight``), absent when tied (:class:`~specfold.model.families.base.FamilySpec`).
 
 Every problem is a :class:`CheckpointError` with a one-line message naming the file or tensor.
 """
@@ -25,17 +26,6 @@ from specfold.model.transformer import DLLM
 DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 MASK_TOKEN = "|<MASK>|"
 
-_LAYER_KEYS = {
-    "input_norm": ["input_layernorm.weight"],
-    "wqkv": ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
-    "bqkv": ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
-    "wo": ["self_attn.o_proj.weight"],
-    "q_norm": ["self_attn.q_norm.weight"],  # qk-norm models only (Qwen3 / SDAR)
-    "k_norm": ["self_attn.k_norm.weight"],
-    "post_norm": ["post_attention_layernorm.weight"],
-    "w_gate_up": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
-    "w_down": ["mlp.down_proj.weight"],
-}
 
 
 AUTO_DTYPE = "auto"
@@ -151,10 +141,6 @@ def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _prefix(cfg: ModelConfig) -> str:
-    return family_of(cfg).weight_prefix
-
-
 def _head_keys(cfg: ModelConfig) -> list[str]:
     return list(family_of(cfg).head_keys)
 
@@ -171,8 +157,9 @@ def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
         used.add(name)
         return tensors[name]
 
-    pre = _prefix(cfg)
-    out = {"embed": take(pre + "embed_tokens.weight"), "final_norm": take(pre + "norm.weight")}
+    family = family_of(cfg)
+    pre = family.weight_prefix
+    out = {"embed": take(pre + family.embed_key), "final_norm": take(pre + family.norm_key)}
     heads = [k for k in _head_keys(cfg) if k in tensors]
     used.update(heads)  # a tied checkpoint may still carry a copy of the head
     if not cfg.tie_word_embeddings:
@@ -180,9 +167,9 @@ def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
             raise CheckpointError(f"checkpoint lacks tensor '{_head_keys(cfg)[0]}' (tie_word_embeddings is false)")
         out["head"] = tensors[heads[0]]
     for i in range(cfg.num_layers):
-        lp = f"{pre}layers.{i}."
-        for ours, theirs in _LAYER_KEYS.items():
-            if (ours == "bqkv" and not cfg.qkv_bias) or (ours in ("q_norm", "k_norm") and not cfg.qk_norm):
+        lp = f"{pre}{family.layer_prefix}{i}."
+        for ours, theirs in family.layer_keys:
+            if not _has_param(cfg, ours):
                 continue
             parts = [take(lp + name) for name in theirs]
             out[f"layers.{i}.{ours}"] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -195,32 +182,29 @@ def state_dict_from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
     return out
 
 
+def _has_param(cfg: ModelConfig, ours: str) -> bool:
+    return not ((ours == "bqkv" and not cfg.qkv_bias) or (ours in ("q_norm", "k_norm") and not cfg.qk_norm))
+
+
 def state_dict_to_hf(model: DLLM) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`state_dict_from_hf`: our parameters under the family's HF names."""
+    """Inverse of :func:`state_dict_from_hf`: our parameters under the family's HF names (fused parameters split
+    back into the tensors they were concatenated from)."""
     cfg = model.cfg
-    pre = _prefix(cfg)
+    family = family_of(cfg)
+    pre = family.weight_prefix
     hq, hkv, d, f = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-    out = {pre + "embed_tokens.weight": model.embed, pre + "norm.weight": model.final_norm}
+    sizes = {"wqkv": [hq * d, hkv * d, hkv * d], "bqkv": [hq * d, hkv * d, hkv * d], "w_gate_up": [f, f]}
+    out = {pre + family.embed_key: model.embed, pre + family.norm_key: model.final_norm}
     if model.head is not None:
         out[_head_keys(cfg)[0]] = model.head
     for i, layer in enumerate(model.layers):
-        lp = f"{pre}layers.{i}."
-        q, k, v = layer.wqkv.split([hq * d, hkv * d, hkv * d])
-        out.update({
-            lp + "input_layernorm.weight": layer.input_norm,
-            lp + "self_attn.q_proj.weight": q, lp + "self_attn.k_proj.weight": k, lp + "self_attn.v_proj.weight": v,
-            lp + "self_attn.o_proj.weight": layer.wo,
-            lp + "post_attention_layernorm.weight": layer.post_norm,
-            lp + "mlp.down_proj.weight": layer.w_down,
-        })
-        gate, up = layer.w_gate_up.split([f, f])
-        out[lp + "mlp.gate_proj.weight"], out[lp + "mlp.up_proj.weight"] = gate, up
-        if layer.q_norm is not None:
-            out[lp + "self_attn.q_norm.weight"], out[lp + "self_attn.k_norm.weight"] = layer.q_norm, layer.k_norm
-        if layer.bqkv is not None:
-            bq, bk, bv = layer.bqkv.split([hq * d, hkv * d, hkv * d])
-            out[lp + "self_attn.q_proj.bias"], out[lp + "self_attn.k_proj.bias"] = bq, bk
-            out[lp + "self_attn.v_proj.bias"] = bv
+        lp = f"{pre}{family.layer_prefix}{i}."
+        for ours, theirs in family.layer_keys:
+            if not _has_param(cfg, ours):
+                continue
+            param = getattr(layer, ours)
+            parts = param.split(sizes[ours]) if len(theirs) > 1 else (param,)
+            out.update({lp + name: part for name, part in zip(theirs, parts, strict=True)})
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 
@@ -297,6 +281,8 @@ def special_ids(
     """mask = override, else config ``mask_token_id``, else the tokenizer's ``|<MASK>|``; stop = override, else the
     checkpoint's configured ``eos_token_id`` (the first of a list), else — only as a fallback — the first of the
     family's stop token names the tokenizer knows, else the tokenizer's EOS. ``stop_source`` says which was used.
+    Unless the stop id is given, every ``extra_stop_token_names`` token of the family the tokenizer knows joins
+    ``stops`` after it (LLaDA: EOS then ``<|eot_id|>``; Dream: ``<|endoftext|>`` then ``<|im_end|>``).
 
     A family whose reference stops on every id of ``generation_config.json`` (SDAR: ``[151645, 151643]``) takes
     ``generation_stops`` (that file's ids) when no override is given: ``stops`` is then that list, its first id
@@ -335,7 +321,15 @@ def special_ids(
         if value is not None and not 0 <= value < cfg.vocab_size:
             raise CheckpointError(f"{name} token id {value} is outside the vocabulary (size {cfg.vocab_size})")
     stop = None if eos_id is None else int(eos_id)
-    return SpecialIds(mask=int(mask_id), stop=stop, stop_source=source, stops=() if stop is None else (stop,))
+    stops = () if stop is None else (stop,)
+    if stop is not None and source != "--eos-id" and tokenizer is not None:
+        for tok in family_of(cfg).extra_stop_token_names:
+            found = tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(found, int) and found != tokenizer.unk_token_id and 0 <= found < cfg.vocab_size:
+                stops = tuple(dict.fromkeys((*stops, found)))
+        if len(stops) > 1:
+            source += " + tokenizer " + ", ".join(repr(t) for t in family_of(cfg).extra_stop_token_names)
+    return SpecialIds(mask=int(mask_id), stop=stop, stop_source=source, stops=stops)
 
 
 def load_checkpoint(

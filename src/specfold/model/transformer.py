@@ -153,6 +153,13 @@ class DLLM(nn.Module):
             return raw
         return torch.cat([raw[:, -1:], raw[:, :-1]], dim=1)
 
+    def sequence_logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """Raw rows ``[B, L, V]`` of a whole sequence from position 0 -> logits per position. Shifted (Dream):
+        position ``i >= 1`` is read from row ``i-1``, position 0 from row 0 itself; unshifted (LLaDA): the rows."""
+        if not self.cfg.shifted_logits:
+            return raw
+        return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+
     def forward(
         self,
         tokens: torch.Tensor,  # [B, T]
@@ -160,20 +167,32 @@ class DLLM(nn.Module):
         mask: str = "bidirectional",
         write_cache: bool = False,
         logit_rows: slice | None = None,
-        cache_rows: int | None = None,
+        cache_rows: int | torch.Tensor | None = None,
+        start: int | None = None,
     ) -> torch.Tensor:
-        """Dense forward of ``B`` block states at positions ``cache.length ..``. Returns raw logits ``[B, T, V]``
-        (``[B, T', V]`` for the rows ``logit_rows`` selects, e.g. ``slice(-1, None)`` for a seed row only).
+        """Dense forward of ``B`` block states at positions ``start ..`` (default ``cache.length``, 0 without a
+        cache). Returns raw logits ``[B, T, V]`` (``[B, T', V]`` for the rows ``logit_rows`` selects, e.g.
+        ``slice(-1, None)`` for a seed row only).
 
         ``mask`` is the attention inside the block (``bidirectional``, ``causal``, ``block_causal`` with the
-        family's block size). With ``write_cache`` (``B == 1``) the K/V of the first ``cache_rows`` rows (default:
-        all) are appended to the cache.
+        family's block size); every row sees every cached key. With ``write_cache`` (``B == 1``) the K/V of the
+        first ``cache_rows`` rows (default: all) are appended to the cache — or, with ``cache_rows`` a ``[W]`` long
+        tensor of row indices, those rows in that order.
+
+        Fast-dLLM v1's caches for the fully bidirectional families (LLaDA, Dream) are these two calls: the whole
+        sequence ``[1, L]`` over an empty cache with ``write_cache`` and ``cache_rows`` = the prefix rows
+        ``[0, s)`` (prefix cache) or those and the suffix rows ``[e, L)`` (dual cache) — one full bidirectional
+        forward that stores RoPE'd K/V —; then a window of rows (``[s, L)`` for the prefix cache, the block ``[s,
+        e)`` for the dual cache) over that cache with ``start=s``: its rows equal the full forward's rows wherever
+        the cached K/V are the full forward's. The cache order of keys does not matter (no mask over the cache).
         """
         b, t = tokens.shape
         if write_cache and (cache is None or b != 1):
             raise ValueError("write_cache needs a cache and exactly one branch")
-        w = t if cache_rows is None else cache_rows
-        start = 0 if cache is None else cache.length
+        picked = isinstance(cache_rows, torch.Tensor)
+        w = t if cache_rows is None else (cache_rows.numel() if picked else cache_rows)
+        if start is None:
+            start = 0 if cache is None else cache.length
         cos, sin, qscale = self.rope_tables(start, t)
         cos_r, sin_r = cos.repeat(b, 1), sin.repeat(b, 1)
         qscale_r = None if qscale is None else qscale.repeat(b)
@@ -187,7 +206,8 @@ class DLLM(nn.Module):
                 v.view(b, t, layer.hkv, layer.d), bias, self.scale,
             )
             if write_cache:
-                cache.write(i, k[:w], v[:w])
+                rows = cache_rows if picked else slice(0, w)
+                cache.write(i, k[rows], v[rows])
             h = h + layer.attn_out(state.o.to(h.dtype).reshape(b * t, layer.hq, layer.d))
             h = h + layer.ffn(h)
         if write_cache:
@@ -205,6 +225,7 @@ class DLLM(nn.Module):
         write_cache: bool = False,
         logit_rows: slice | None = None,
         valid: torch.Tensor | None = None,  # [R, K] bool: branch blocks to compute (the rest are padding)
+        starts: torch.Tensor | None = None,  # [R] long: each block's first absolute position (default: lengths)
     ) -> torch.Tensor:
         """Dense forward of ``R`` requests' branch blocks, each at positions ``lengths[r] ..`` over its request's
         prefix. Returns raw logits ``[R, K, T, V]`` (``[R, T, V]`` for 2-D tokens; ``T'`` rows with
@@ -212,7 +233,11 @@ class DLLM(nn.Module):
         length (the caller advances the lengths).
 
         With ``valid`` only the valid blocks are computed (requests with fewer branches than ``K`` pay nothing
-        for their padding): logits ``[B', T, V]`` of the valid blocks in (request, branch) order."""
+        for their padding): logits ``[B', T, V]`` of the valid blocks in (request, branch) order.
+
+        ``starts``: the blocks' positions when they are not the cached lengths (Fast-dLLM v1's dual cache holds the
+        suffix keys after the block: the block starts before the cache's end). Cache writes still go past
+        ``lengths``."""
         flat = tokens.dim() == 2
         if flat:
             tokens = tokens[:, None]
@@ -222,8 +247,10 @@ class DLLM(nn.Module):
         p_max = int(lengths.max())  # NOTE: host reads (free for the batch decoder's host tensors)
         in_order = slots.tolist() == list(range(r))
         slots, lengths = slots.to(self.device), lengths.to(self.device)
-        positions = lengths[:, None] + torch.arange(t, device=self.device)  # [R, T]
-        block_pos = positions[:, None].expand(r, k, t).reshape(r * k, t)
+        offsets = torch.arange(t, device=self.device)
+        positions = lengths[:, None] + offsets  # [R, T] the cache rows written
+        rope_pos = positions if starts is None else starts.to(self.device)[:, None] + offsets  # [R, T]
+        block_pos = rope_pos[:, None].expand(r, k, t).reshape(r * k, t)
         keep = None if valid is None else valid.reshape(-1).nonzero().squeeze(1)  # [B'] computed blocks
         request = torch.arange(r, device=self.device).repeat_interleave(k)  # [R*K] request of each block
         if keep is not None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from specfold.config import ConfigError, ModelConfig
-from specfold.model.families import fast_dllm_v2, nld, sdar
+from specfold.model.families import dream, fast_dllm_v2, llada, nld, sdar
 from specfold.model.families.base import FamilySpec, model_config
 
-FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (fast_dllm_v2.FAMILY, nld.FAMILY, sdar.FAMILY)}
+FAMILIES: dict[str, FamilySpec] = {
+    f.name: f for f in (fast_dllm_v2.FAMILY, nld.FAMILY, sdar.FAMILY, llada.FAMILY, dream.FAMILY)
+}
 MODEL_TYPES: dict[str, FamilySpec] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

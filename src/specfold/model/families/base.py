@@ -6,8 +6,10 @@ A family says everything that differs between DLLMs and nothing the decoding cor
 
 * **config mapping** — :func:`model_config` reads the fields every HF transformer config carries; the family adds
   its defaults (q/k/v bias, block-size key, nesting) and whether its logits are shifted;
-* **checkpoint keys** — the prefix of the backbone's tensors and the names of the LM head (key templates, as in
-  gpt-fast; the per-layer names are the Qwen2/Llama ones every supported family shares);
+* **checkpoint keys** — the prefix of the backbone's tensors, the names of the LM head and the per-layer key templates
+  (as in gpt-fast; :data:`QWEN_LAYER_KEYS` by default, LLaDA's OLMo-style names in its own module);
+* **attention across the sequence** — :attr:`FamilySpec.attention`: ``block_causal`` (a block sees the cached context
+  before it and itself: Fast-dLLM-v2, NLD, SDAR) or ``bidirectional`` (every row sees every row: LLaDA, Dream);
 * **attention masks** — inside the prompt at prefill, inside a finished block when it enters the cache;
 * **the unmasking rule** — :class:`UnmaskRule`: threshold or per-step quota (SDAR), the comparison with the
   threshold, the dtype confidence is computed in, and the per-block cap on rule applications (so that no decode can
@@ -31,6 +33,21 @@ from specfold.model.cache import BatchCache, PrefixCache
 from specfold.model.transformer import DLLM
 
 RULE_KINDS = ("threshold", "quota_dynamic", "quota_static")
+ATTENTION_KINDS = ("block_causal", "bidirectional")
+
+# Our fused parameter -> the HF tensor names (under the family's prefix and ``layers.N.``) concatenated into it, in
+# order: the Qwen2 / Llama / Ministral3 / Qwen3 names.
+QWEN_LAYER_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("input_norm", ("input_layernorm.weight",)),
+    ("wqkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
+    ("bqkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
+    ("wo", ("self_attn.o_proj.weight",)),
+    ("q_norm", ("self_attn.q_norm.weight",)),  # qk-norm models only (Qwen3 / SDAR)
+    ("k_norm", ("self_attn.k_norm.weight",)),
+    ("post_norm", ("post_attention_layernorm.weight",)),
+    ("w_gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    ("w_down", ("mlp.down_proj.weight",)),
+)
 
 
 @dataclass(frozen=True)
@@ -118,12 +135,35 @@ class FamilySpec:
     qk_norm: bool = False  # per-head q/k RMSNorm before RoPE (Qwen3 layers)
     generation_config_stops: bool = False  # stop on every eos id of generation_config.json (SDAR's reference)
     seeded_blocks: bool = True  # a block after the first starts [seed, M, …] (the cache write's last row), else all M
+    # "block_causal": a block attends to the cached context before it and to itself (the block-cache protocol of
+    # decoding/core.py); "bidirectional": every row of the whole sequence sees every row, no mask at all (LLaDA,
+    # Dream: decoded by full-sequence forwards, or Fast-dLLM v1's prefix / dual caches built from one).
+    attention: str = "block_causal"
+    # config.json -> the HF transformer fields model_config reads (hidden_size, num_hidden_layers, …): for
+    # checkpoints with their own names (LLaDA's d_model, n_layers, …). None: config.json already uses them.
+    standard_config: Callable[[dict[str, Any]], dict[str, Any]] | None = field(default=None, repr=False)
+    embed_key: str = "embed_tokens.weight"  # under weight_prefix
+    norm_key: str = "norm.weight"  # the final norm, under weight_prefix
+    layer_prefix: str = "layers."  # layer i's tensors are under weight_prefix + layer_prefix + f"{i}."
+    layer_keys: tuple[tuple[str, tuple[str, ...]], ...] = QWEN_LAYER_KEYS
+    # tokenizer tokens that stop a decode beside the checkpoint's configured eos id (LLaDA's <|eot_id|>, Dream's
+    # <|im_end|>): every one the tokenizer knows joins the stop ids (loading.special_ids).
+    extra_stop_token_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTION_KINDS)}")
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether every row of the sequence attends to every row (no block-cache protocol of its own)."""
+        return self.attention == "bidirectional"
 
     @property
     def boundary_drafts(self) -> bool:
         """Whether the cache-writing forward can also run the next block's first state (shifted logits and a
         bidirectional block commit: the finished block's rows are then unaffected by the rows after it)."""
-        return self.shifted_logits and self.finish_mask == "bidirectional"
+        return self.shifted_logits and self.finish_mask == "bidirectional" and not self.bidirectional
 
 
 # (net, prompt [T], cache view, block length, mask id, prefill chunk) -> (first block [N], gen_start, forwards)
@@ -186,7 +226,11 @@ def commit_blocks(
 def model_config(raw: dict[str, Any], family: FamilySpec) -> ModelConfig:
     """The transformer fields of an HF ``config.json`` (``raw``), with the family's defaults: its
     ``config_nested`` keys may hold the backbone's fields (merged over the top level), the block size is read
-    from its ``block_size_keys`` (first present wins; 32 when none is)."""
+    from its ``block_size_keys`` (first present wins; 32 when none is). A family with ``standard_config`` first maps
+    its own field names onto these."""
+    original = raw
+    if family.standard_config is not None:
+        raw = family.standard_config(raw)
     body = dict(raw)
     for key in family.config_nested:
         if isinstance(raw.get(key), dict):
@@ -229,7 +273,7 @@ def model_config(raw: dict[str, Any], family: FamilySpec) -> ModelConfig:
         eos_token_id=eos_ids[0] if eos_ids else None,
         eos_token_ids=eos_ids,
         shifted_logits=family.shifted_logits,
-        raw=dict(raw),
+        raw=dict(original),
     )
 
 
