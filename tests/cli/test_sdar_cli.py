@@ -76,3 +76,97 @@ def test_steps_and_strategy_reach_the_rule(capsys, sdar_tok, tmp_path):
                  "--json"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "quota" in err[0]
+
+
+# The quota rule through eval, sweep and serve. At threshold 0.01 the dynamic strategy unmasks every mask above it at
+# once while the static one unmasks one position per pass, so the two differ in NFE: a run that dropped --strategy
+# would show it.
+STATIC = ("--threshold", "0.01", "--strategy", "low_confidence_static")
+
+
+def static_and_dynamic(model, max_new_tokens=8):
+    return [decode_config_for(model, max_new_tokens=max_new_tokens, threshold=0.01, strategy=s)
+            for s in ("low_confidence_static", None)]
+
+
+def task_prompts(model, limit):
+    from specfold.api import encode_prompt
+    from specfold.eval.harness import load_task
+
+    return [list(encode_prompt(model, s.prompt, True)) for s in load_task("synth-math", "test", limit).samples]
+
+
+def refused_with_one_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_eval_takes_steps_and_strategy(capsys, sdar_tok, tmp_path):
+    out = tmp_path / "eval.jsonl"
+    argv = ["eval", "--model", str(sdar_tok), "--tasks", "synth-math", "--limit", "2", "--methods", "vanilla",
+            "--max-new-tokens", "8", "--out", str(out), "--json"]
+    assert main([*argv, *STATIC]) == 0
+    capsys.readouterr()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    model = load_model(sdar_tok)
+    static, dynamic = static_and_dynamic(model)
+    want = [decode(model, p, static) for p in task_prompts(model, 2)]
+    assert [r["token_ids"] for r in records] == [w.token_ids for w in want]
+    assert [r["nfe"] for r in records] == [w.nfe for w in want]
+    assert [w.nfe for w in want] != [decode(model, p, dynamic).nfe for p in task_prompts(model, 2)]
+    assert {(r["provenance"]["strategy"], r["provenance"]["steps"]) for r in records} == {("low_confidence_static",
+                                                                                           None)}
+    # a rerun into the same file under the other strategy is refused (the records would mix two rules)
+    line = refused_with_one_line(capsys, [*argv, "--threshold", "0.01"])
+    assert "strategy" in line
+    fd = write_random_checkpoint(tmp_path / "fd", "fast_dllm_v2", mask_token_id=300)
+    line = refused_with_one_line(capsys, ["eval", "--model", str(fd), "--tasks", "synth-math", "--limit", "1",
+                                          "--methods", "vanilla", "--steps", "4"])
+    assert "quota" in line
+
+
+def test_sweep_takes_steps_and_strategy(capsys, sdar_tok, tmp_path):
+    ckpt = tmp_path / "sdar"
+    shutil.copytree(sdar_tok, ckpt)
+    assert main(["calibrate", "--model", str(ckpt), "--samples", "4", "--budget", "2", "--max-new-tokens", "8",
+                 "--out", str(ckpt / "draft_graph.json"), *STATIC]) == 0
+    out = tmp_path / "sweep.jsonl"
+    assert main(["sweep", "delta", "--model", str(ckpt), "--tasks", "synth-math", "--limit", "1", "--grid", "0",
+                 "--budget", "2", "--max-new-tokens", "8", "--out", str(out), "--json", *STATIC]) == 0
+    capsys.readouterr()
+    records = {r["label"]: r for r in map(json.loads, out.read_text().splitlines())}
+    model = load_model(ckpt)
+    want = decode(model, task_prompts(model, 1)[0], static_and_dynamic(model)[0])
+    assert {r["method"] for r in records.values()} == {"vanilla", "spiffy", "specfold"}
+    for r in records.values():  # every method lossless under the static rule
+        assert r["token_ids"] == want.token_ids and r["provenance"]["strategy"] == "low_confidence_static"
+    assert records["vanilla"]["nfe"] == want.nfe
+    fd = write_random_checkpoint(tmp_path / "fd", "fast_dllm_v2", mask_token_id=300)
+    line = refused_with_one_line(capsys, ["sweep", "delta", "--model", str(fd), "--tasks", "synth-math", "--limit",
+                                          "1", "--out", str(tmp_path / "fd.jsonl"), "--strategy",
+                                          "low_confidence_static"])
+    assert "quota" in line
+
+
+def test_serve_takes_steps_and_strategy_per_server(capsys, sdar_tok, tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from specfold.serve import ServerConfig, build_app
+
+    model = load_model(sdar_tok)
+    static, dynamic = static_and_dynamic(model)
+    want = decode(model, PROMPT, static)
+    assert want.nfe != decode(model, PROMPT, dynamic).nfe
+    config = ServerConfig(max_batch=1, threshold=0.01, strategy="low_confidence_static")
+    with TestClient(build_app(model, config)) as client:
+        body = {"prompt": PROMPT, "max_tokens": 8}
+        got = client.post("/v1/completions", json=body).json()["specfold"]
+        assert got["token_ids"] == want.token_ids and got["nfe"] == want.nfe
+        refused = client.post("/v1/completions", json={**body, "strategy": "low_confidence_dynamic"})
+        assert refused.status_code == 400  # per server, not per request
+    fd = write_random_checkpoint(tmp_path / "fd", "fast_dllm_v2", mask_token_id=300)
+    line = refused_with_one_line(capsys, ["serve", "--model", str(fd), "--port", "0", "--steps", "4"])
+    assert "quota" in line

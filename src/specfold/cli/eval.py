@@ -14,6 +14,7 @@ from specfold.cli.common import (
     add_method_args,
     add_model_args,
     add_overwrite_arg,
+    add_quota_args,
     check_outputs,
     evalplus_samples,
     load_from_args,
@@ -67,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_overwrite_arg(p)
     add_model_args(p)
     add_decode_args(p)
+    add_quota_args(p)
     add_method_args(p, "methods")
     p.set_defaults(func=run)
 
@@ -92,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         block_size=args.block_size,
         small_block_size=args.small_block_size,
+        steps=args.steps,
+        strategy=args.strategy,
         num_shards=num_shards,
         shard_id=shard_id,
         chat=not args.no_chat,

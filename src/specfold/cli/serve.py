@@ -9,6 +9,7 @@ from specfold.cli.common import (
     add_decode_args,
     add_method_args,
     add_model_args,
+    add_quota_args,
     given_method_options,
     load_from_args,
     non_negative_float,
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_model_args(p)
     add_decode_args(p)
+    add_quota_args(p)  # per server: every request decodes under the server's rule
     add_method_args(p, "method", [o for o in METHOD_FLAGS if o != "lookahead"])
     p.set_defaults(func=run)
 
@@ -84,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         block_size=args.block_size,
         small_block_size=args.small_block_size,
+        steps=args.steps,
+        strategy=args.strategy,
         log_level=args.log_level,
         max_body_bytes=args.max_body_bytes,
         drain_seconds=args.drain_seconds,

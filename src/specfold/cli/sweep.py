@@ -13,6 +13,7 @@ from specfold.cli.common import (
     add_method_args,
     add_model_args,
     add_overwrite_arg,
+    add_quota_args,
     check_outputs,
     load_from_args,
     method_config,
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_overwrite_arg(p)
     add_model_args(p)
     add_decode_args(p)
+    add_quota_args(p)
     p.set_defaults(func=run)
 
 
@@ -109,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         block_size=args.block_size,
         small_block_size=args.small_block_size,
+        steps=args.steps,
+        strategy=args.strategy,
         num_shards=args.num_shards,
         shard_id=args.shard_id,
         batch_size=args.batch_size,

@@ -84,6 +84,8 @@ class EvalPlan:
     threshold: float = 0.9
     block_size: int | None = None
     small_block_size: int | None | str = "auto"
+    steps: int | None = None  # a quota rule's passes per block (SDAR; refused for other families)
+    strategy: str | None = None  # a quota rule's strategy (SDAR; refused for other families)
     num_shards: int = 1
     shard_id: int = 0
     chat: bool = True
@@ -127,7 +129,8 @@ def run_eval(
     check_plan(plan)
     if out is not None:
         check_output_path(out)
-    cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size)
+    cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size,
+                            steps=plan.steps, strategy=plan.strategy)
     prepared = {spec: prepare_method(model, spec, cfg) for spec in plan.methods}
     sources = {task: load_task(task, plan.split, plan.limit, plan.data_dir) for task in plan.tasks}
     work = [

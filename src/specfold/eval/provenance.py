@@ -5,8 +5,8 @@ Every record of ``specfold eval`` / ``specfold sweep`` carries a ``provenance`` 
 * run fields, the same for every record of one output file: specfold version, the model (its path and
   ``model_hash`` over config.json, the tokenizer files and the weights' metadata: tensor names, shapes and dtypes
   from the safetensors headers plus a few sampled kilobytes of data; never the gigabytes of weights), the special
-  ids, dtype, device, decoding parameters (max new tokens, threshold, block and small-block size), chat template
-  on/off, split, batch size and, for a sweep, its kind and fixed B or δ;
+  ids, dtype, device, decoding parameters (max new tokens, threshold, block and small-block size, a quota rule's
+  steps and strategy), chat template on/off, split, batch size and, for a sweep, its kind and fixed B or δ;
 * item fields, checked for records that a rerun would reuse: ``graph_hash`` (the draft graph's nodes, so a
   recalibrated graph under the same file name is noticed) and ``task_data`` (a hash of the sample's prompt, scorer
   data and reference).
@@ -39,6 +39,8 @@ RUN_FIELDS: tuple[str, ...] = (
     "threshold",
     "block_size",
     "small_block_size",
+    "steps",
+    "strategy",
     "chat",
     "split",
     "batch_size",
@@ -134,6 +136,8 @@ def run_provenance(model, cfg, plan) -> dict[str, Any]:
         "threshold": cfg.threshold,
         "block_size": cfg.block_size,
         "small_block_size": cfg.small_block_size,
+        "steps": cfg.steps,  # None (absent in older files: read as None) unless a quota rule's steps were given
+        "strategy": cfg.strategy,
         "chat": plan.chat,
         "split": plan.split,
         "batch_size": plan.batch_size,

@@ -119,7 +119,8 @@ def run_sweep(
     ``budget``, ``delta`` and ``fold`` are as for :func:`sweep_methods`.
 
     ``plan_options`` are the other :class:`EvalPlan` fields (``limit``, ``split``, ``max_new_tokens``, ``threshold``,
-    ``block_size``, ``small_block_size``, ``num_shards``, ``shard_id``, ``chat``, ``data_dir``)."""
+    ``block_size``, ``small_block_size``, ``steps``, ``strategy``, ``num_shards``, ``shard_id``, ``chat``,
+    ``data_dir``)."""
     specs = sweep_methods(kind, grid, budget, delta, fold)
     fixed = {"kind": kind, "budget": None, "delta": None}
     if kind != "budget":

@@ -34,6 +34,10 @@ class ServerConfig:
     threshold: float = 0.9
     block_size: int | None = None
     small_block_size: int | None | str = "auto"
+    # A quota rule's passes per block and strategy (SDAR; refused at start-up for other families). Per server, not
+    # per request: one continuous batch decodes every request of a method under one DecodeConfig.
+    steps: int | None = None
+    strategy: str | None = None
     log_level: str = "info"
     max_body_bytes: int = 4 * 1024 * 1024  # a larger request body is answered 413 unread
     drain_seconds: float = 5.0  # on SIGTERM/SIGINT: how long open requests may still finish
@@ -46,7 +50,8 @@ def engine_settings(model: LoadedModel, config: ServerConfig):
     from specfold.api import decode_config_for, resolve_graph
     from specfold.serve.engine import EngineSettings
 
-    cfg = decode_config_for(model, config.max_tokens, config.threshold, config.block_size, config.small_block_size)
+    cfg = decode_config_for(model, config.max_tokens, config.threshold, config.block_size, config.small_block_size,
+                            steps=config.steps, strategy=config.strategy)
     method = MethodName(config.method)
     options = config.options.for_method(MethodName.SPECFOLD)
     try:
