@@ -170,3 +170,28 @@ def test_serve_takes_steps_and_strategy_per_server(capsys, sdar_tok, tmp_path):
     fd = write_random_checkpoint(tmp_path / "fd", "fast_dllm_v2", mask_token_id=300)
     line = refused_with_one_line(capsys, ["serve", "--model", str(fd), "--port", "0", "--steps", "4"])
     assert "quota" in line
+
+
+def test_calibrate_and_generate_at_a_block_of_64(capsys, sdar_tok, tmp_path):
+    ckpt = tmp_path / "sdar64"
+    shutil.copytree(sdar_tok, ckpt)
+    raw = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**raw, "block_size": 64}))
+    graph = tmp_path / "g64.json"
+    assert main(["calibrate", "--model", str(ckpt), "--samples", "2", "--budget", "2", "--max-new-tokens", "16",
+                 "--block-size", "64", "--out", str(graph)]) == 0
+    capsys.readouterr()
+    assert DraftGraph.load(graph).provenance["block_size"] == 64
+    model = load_model(ckpt)
+    cfg = decode_config_for(model, max_new_tokens=16)
+    assert cfg.block_size == 64  # the checkpoint's block, as generate takes it by default
+    want = decode(model, PROMPT, cfg)
+    base = ["generate", "--model", str(ckpt), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "16",
+            "--json", "--graph", str(graph)]
+    for method in ("spiffy", "specfold"):
+        rec = run_json(capsys, *base, "--method", method, *(["--delta", "0"] if method == "specfold" else []))
+        assert rec["token_ids"] == want.token_ids and rec["steps_per_block"] == want.steps_per_block
+    # the graph of 64 is refused for blocks of 16, with one line
+    assert main([*base, "--method", "spiffy", "--block-size", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "calibrated with block size 64" in err[0]
