@@ -131,7 +131,7 @@ def rows_layer(
     q, kk, v = layer.qkv(packed, cos, sin, None)
     st = attend(q.view(1, r, layer.hq, layer.d), prefix_k, prefix_v, kk[:n].view(1, n, layer.hkv, layer.d),
                 v[:n].view(1, n, layer.hkv, layer.d), None, scale)
-    o_all[:r] = st.o.to(o_all.dtype).view(r, -1)
+    o_all[:r] = st.o.to(o_all.dtype).reshape(r, -1)  # (MHA: o is a strided view)
     h1 = packed + layer.attn_out(o_all.view(o_all.shape[0], layer.hq, layer.d))[:r]
     return h1 + layer.ffn(h1)
 

@@ -21,7 +21,8 @@ class LayerShape:
     qkv_bias: bool  # Qwen2 layers (Fast-dLLM-v2); no bias: the NLD family (Ministral3, Llama-4 query scale)
     vocab: int
     layers: int
-    family: str = ""  # "" = by the bias: fast_dllm_v2 with, nld without; "sdar": Qwen3 layers (qk-norm, no bias)
+    family: str = ""  # "" = by the bias: fast_dllm_v2 with, nld without; "sdar": Qwen3 layers (qk-norm, no bias);
+    # "llada" / "dream": fully bidirectional families (Llama block without bias / Qwen2 with)
 
     @property
     def family_name(self) -> str:
@@ -39,4 +40,8 @@ SHAPES: dict[str, LayerShape] = {
     # SDAR = Qwen3 layers (JetLM SDAR-4B-Chat / SDAR-8B-Chat; Qwen3-4B / 8B shapes, q/k RMSNorm, no bias)
     "sdar-4b": LayerShape(2560, 32, 8, 128, 9728, False, 151936, 36, family="sdar"),
     "sdar-8b": LayerShape(4096, 32, 8, 128, 12288, False, 151936, 36, family="sdar"),
+    # LLaDA = OLMo's Llama block, MHA (GSAI-ML/LLaDA-8B-Instruct: d_model 4096, 32/32 heads, mlp_hidden_size 12288,
+    # embedding_size 126464); Dream = Qwen2.5-7B layers (Dream-org/Dream-v0-Instruct-7B). Both fully bidirectional.
+    "llada-8b": LayerShape(4096, 32, 32, 128, 12288, False, 126464, 32, family="llada"),
+    "dream-7b": LayerShape(3584, 28, 4, 128, 18944, True, 152064, 28, family="dream"),
 }
