@@ -269,8 +269,11 @@ def test_cached_windows_equal_the_full_forward(name, ckpts):
         ragged = net.forward_ragged(ids[None, s:e], batch, torch.tensor([1]), torch.tensor([rows.numel()]),
                                     starts=torch.tensor([s]))[0]
         assert (ragged - full[s:e]).abs().max().item() <= 1e-10
-        # without the explicit start the block would sit at the cache's end: a different (wrong) result
+        # without a start the block would sit at the cache's end: a different (wrong) result; the cache's own
+        # window start is the default
         assert (net(ids[None, s:e], dual)[0] - full[s:e]).abs().max().item() > 1e-6
+        dual.window_start = s
+        assert torch.equal(net(ids[None, s:e], dual)[0], block)
 
 
 def test_init_random_cli_writes_both_families(tmp_path, capsys):

@@ -170,8 +170,9 @@ class DLLM(nn.Module):
         cache_rows: int | torch.Tensor | None = None,
         start: int | None = None,
     ) -> torch.Tensor:
-        """Dense forward of ``B`` block states at positions ``start ..`` (default ``cache.length``, 0 without a
-        cache). Returns raw logits ``[B, T, V]`` (``[B, T', V]`` for the rows ``logit_rows`` selects, e.g.
+        """Dense forward of ``B`` block states at positions ``start ..`` (default :attr:`PrefixCache.start
+        <specfold.model.cache.PrefixCache.start>`: the cached length unless the cache sets a window start; 0 without
+        a cache). Returns raw logits ``[B, T, V]`` (``[B, T', V]`` for the rows ``logit_rows`` selects, e.g.
         ``slice(-1, None)`` for a seed row only).
 
         ``mask`` is the attention inside the block (``bidirectional``, ``causal``, ``block_causal`` with the
@@ -192,7 +193,7 @@ class DLLM(nn.Module):
         picked = isinstance(cache_rows, torch.Tensor)
         w = t if cache_rows is None else (cache_rows.numel() if picked else cache_rows)
         if start is None:
-            start = 0 if cache is None else cache.length
+            start = 0 if cache is None else cache.start
         cos, sin, qscale = self.rope_tables(start, t)
         cos_r, sin_r = cos.repeat(b, 1), sin.repeat(b, 1)
         qscale_r = None if qscale is None else qscale.repeat(b)
