@@ -240,6 +240,25 @@ def test_stop_ids_are_eos_and_the_end_of_turn_token(name, token, ckpts, tmp_path
     assert load_model(ckpts[name][0], dtype="fp32").stop_ids == (299,)  # no tokenizer: the config's EOS
 
 
+def test_dream_tokenizer_files_without_tokenizer_json(ckpts, tmp_path):
+    """Dream ships its tokenizer as remote code (DreamTokenizer: Qwen2's byte-level BPE) over vocab.json + merges.txt
+    with no tokenizer.json; the stock Qwen2 class reads the same files, special tokens from tokenizer_config.json."""
+    dst = shutil.copytree(ckpts["dream"][0], tmp_path / "dream")
+    (dst / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "c": 2, "ab": 3}))
+    (dst / "merges.txt").write_text("#version: 0.2\na b\n")
+    added = {i: {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                 "special": True} for i, t in ((4, "<|endoftext|>"), (5, "<|im_end|>"), (6, "<|mask|>"))}
+    (dst / "tokenizer_config.json").write_text(json.dumps({
+        "added_tokens_decoder": {str(i): v for i, v in added.items()}, "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "tokenizer_class": "DreamTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+    }))
+    model = load_model(dst, dtype="fp32")
+    assert type(model.tokenizer).__name__ == "Qwen2Tokenizer"
+    assert model.tokenizer.encode("ab<|im_end|>c") == [3, 5, 2]  # added tokens follow vocab.json, as Dream's do
+    assert model.stop_ids == (299, 5)  # the config's EOS, then <|im_end|>
+
+
 @pytest.mark.parametrize("name", ["llada_gqa", "dream"])
 def test_cached_windows_equal_the_full_forward(name, ckpts):
     """Fast-dLLM v1's caches: a full forward stores the prefix (and suffix) K/V; a window over them at its own

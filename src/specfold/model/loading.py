@@ -245,8 +245,12 @@ def generation_config_stops(ckpt: Path | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(e) for e in ids))
 
 
-def load_tokenizer(ckpt: Path) -> Any | None:
-    """The checkpoint's tokenizer via ``transformers.AutoTokenizer`` (local files only), or None if absent."""
+def load_tokenizer(ckpt: Path, stock_class: str | None = None) -> Any | None:
+    """The checkpoint's tokenizer via ``transformers.AutoTokenizer`` (local files only), or None if absent.
+
+    ``stock_class`` (a family's ``tokenizer_class``): the transformers class that reads the files of a checkpoint
+    whose own tokenizer class is remote code and which ships no ``tokenizer.json`` (Dream: ``DreamTokenizer``, Qwen2's
+    byte-level BPE over ``vocab.json`` + ``merges.txt``; its added tokens come from ``tokenizer_config.json``)."""
     if not any((ckpt / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         return None
     from transformers import AutoTokenizer
@@ -262,6 +266,13 @@ def load_tokenizer(ckpt: Path) -> Any | None:
         return AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True, trust_remote_code=False)
     except Exception:  # noqa: BLE001 - custom model_types confuse AutoTokenizer; fall back to the fast file
         tok_file = ckpt / "tokenizer.json"
+        if not tok_file.is_file() and stock_class is not None:
+            import transformers
+
+            try:
+                return getattr(transformers, stock_class).from_pretrained(str(ckpt), local_files_only=True)
+            except Exception:  # noqa: BLE001 - reported as one line below
+                raise CheckpointError(f"cannot load the tokenizer in {ckpt} (as {stock_class})") from None
         if not tok_file.is_file():
             raise CheckpointError(f"cannot load the tokenizer in {ckpt}") from None
         from transformers import PreTrainedTokenizerFast
@@ -378,7 +389,7 @@ def load_model(
     if path_or_id is None:
         path_or_id = embedded_model_dir()
     ckpt, cfg, net = load_checkpoint(path_or_id, dtype=dtype, device=device)
-    tokenizer = load_tokenizer(ckpt)
+    tokenizer = load_tokenizer(ckpt, family_of(cfg).tokenizer_class)
     ids = special_ids(cfg, tokenizer, mask_id=mask_id, eos_id=eos_id, generation_stops=generation_config_stops(ckpt))
     return LoadedModel(net=net, config=cfg, tokenizer=tokenizer, mask_id=ids.mask, stop_id=ids.stop, path=ckpt,
                        stop_source=ids.stop_source, stop_ids=ids.stops)

@@ -149,6 +149,8 @@ class FamilySpec:
     # tokenizer tokens that stop a decode beside the checkpoint's configured eos id (LLaDA's <|eot_id|>, Dream's
     # <|im_end|>): every one the tokenizer knows joins the stop ids (loading.special_ids).
     extra_stop_token_names: tuple[str, ...] = ()
+    # a stock transformers tokenizer class for checkpoints whose own is remote code with no tokenizer.json (Dream)
+    tokenizer_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:

@@ -68,4 +68,7 @@ FAMILY = FamilySpec(
     example_config=example_config,
     attention="bidirectional",
     extra_stop_token_names=("<|im_end|>",),
+    # Its tokenizer_config.json names DreamTokenizer (remote code: Qwen2's byte-level BPE) over vocab.json +
+    # merges.txt, with no tokenizer.json: read by the stock Qwen2 class.
+    tokenizer_class="Qwen2Tokenizer",
 )
