@@ -31,8 +31,9 @@ rows with ``Δ = ∅``) are not in the limit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -40,6 +41,7 @@ from specfold.bench.shapes import SHAPES, LayerShape  # noqa: F401  (the one tab
 from specfold.config import ModelConfig, RopeConfig
 from specfold.engine.cost import LayerCost, measure_machine
 from specfold.engine.folded_layer import folded_layer
+from specfold.engine.gate import BranchGraph
 from specfold.engine.layer_types import BACKENDS, FoldConfig, LayerContext
 from specfold.engine.plan import correction_plan, gate_and_compact
 from specfold.model.attention import attend
@@ -68,6 +70,12 @@ class LayerBenchResult:
     attention_plan: str  # what the cost rule chose for the attention part (dense / direct / correct)
     repeats: int
     threads: int
+    # with compile=True, timed in the same interleaved rounds: the compiled folded layer (engine/compiled.py
+    # CompiledFold) and the rows limit under torch.compile
+    compiled_seconds: float | None = None
+    compiled_rows_seconds: float | None = None
+    compiled_rows_ratio: float | None = None  # compiled folded / compiled rows limit
+    compile_seconds: float | None = None  # their first calls, which compiled
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -160,14 +168,17 @@ def bench_layer(
     seed: int = 0,
     device: str = "cpu",
     threads: int | None = None,
+    compile: bool = False,
 ) -> LayerBenchResult:
     """Time one dense and one folded layer step side by side (see the module docstring). ``threads`` sets torch's
-    CPU threads for the run (restored after); on a CPU shared with other jobs, 1 thread gives stable timings."""
+    CPU threads for the run (restored after); on a CPU shared with other jobs, 1 thread gives stable timings.
+    ``compile``: also the compiled folded layer and the compiled rows limit (torch backend)."""
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _bench_layer(shape, fold_ratio, branches, block, prefix, dtype, repeats, backend, warmup, seed, device)
+        return _bench_layer(shape, fold_ratio, branches, block, prefix, dtype, repeats, backend, warmup, seed, device,
+                            compile)
     finally:
         torch.set_num_threads(previous)
 
@@ -184,6 +195,8 @@ class LayerCase:
     fold: torch.Tensor
     flop_limit_ratio: float
     attention_plan: str
+    compiled: Callable[[], torch.Tensor] | None = None  # the compiled folded layer (compile=True)
+    compiled_rows: Callable[[], torch.Tensor] | None = None  # the rows limit under torch.compile
 
 
 def layer_case(
@@ -196,8 +209,10 @@ def layer_case(
     backend: str = "torch",
     seed: int = 0,
     device: str = "cpu",
+    compile: bool = False,
 ) -> LayerCase:
-    """One layer of ``shape`` with random weights, its input, the imposed fold mask, and the three executions."""
+    """One layer of ``shape`` with random weights, its input, the imposed fold mask, and the three executions (five
+    with ``compile``)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown layer shape {shape!r}; available: {', '.join(SHAPES)}")
     if backend not in BACKENDS:
@@ -244,13 +259,28 @@ def layer_case(
     def run_rows() -> torch.Tensor:
         return rows_layer(layer, packed, cos_r, sin_r, ctx.scale, pk, pv, o_all, n)
 
+    run_compiled = run_crows = None
+    if compile:
+        from specfold.engine.compiled import BACKEND, CompiledFold
+
+        cctx = replace(ctx, graph=BranchGraph.of(parents))
+        plan_c, layer_c = CompiledFold().steps(cctx)
+        rows_c = torch.compile(rows_layer, dynamic=True, backend=BACKEND)
+
+        def run_compiled() -> torch.Tensor:
+            plan = plan_c(h.view(k, n, -1), cctx.graph, 0.0, fold)
+            return layer_c(layer, h, plan, cctx, pk, pv, cfg)[0]
+
+        def run_crows() -> torch.Tensor:
+            return rows_c(layer, packed, cos_r, sin_r, ctx.scale, pk, pv, o_all, n)
+
     plan = gate_and_compact(h.view(k, n, -1), parents, 0.0, fold=fold)
     fix = correction_plan(plan)
     chosen = cost.attention_plan(k * n, n, prefix, plan.rows.numel(), fix.corrected.numel())
     return LayerCase(
         dense=run_dense, folded=run_folded, rows=run_rows, fold=fold,
         flop_limit_ratio=flop_limit_ratio(sh, k, n, prefix, plan.rows.numel(), fix.delta.sum(dim=1)),
-        attention_plan=chosen if backend == "torch" else "correct",
+        attention_plan=chosen if backend == "torch" else "correct", compiled=run_compiled, compiled_rows=run_crows,
     )
 
 
@@ -267,16 +297,27 @@ def _bench_layer(
     warmup: int,
     seed: int,
     device: str,
+    compile: bool = False,
 ) -> LayerBenchResult:
-    case = layer_case(shape, fold_ratio, branches, block, prefix, dtype, backend, seed, device)
-    # interleaved so that background load hits all three alike
-    t = interleaved({"dense": case.dense, "folded": case.folded, "rows": case.rows}, repeats, warmup, device)
+    case = layer_case(shape, fold_ratio, branches, block, prefix, dtype, backend, seed, device, compile)
+    runs = {"dense": case.dense, "folded": case.folded, "rows": case.rows}
+    compile_seconds = None
+    if case.compiled is not None:
+        runs["compiled"], runs["compiled_rows"] = case.compiled, case.compiled_rows
+        t0 = time.perf_counter()
+        case.compiled(), case.compiled_rows()
+        compile_seconds = time.perf_counter() - t0
+    # interleaved so that background load hits all alike
+    t = interleaved(runs, repeats, warmup, device)
     dense, folded, rows = t["dense"], t["folded"], t["rows"]
+    med = {name: t[name].median for name in ("compiled", "compiled_rows") if name in t}
     return LayerBenchResult(
         shape=shape, fold_ratio=fold_ratio, realised_fold_ratio=float(case.fold[1:].float().mean()),
         branches=branches, block=block, prefix=prefix, dtype=str(dtype).removeprefix("torch."),
         dense_seconds=dense.median, folded_seconds=folded.median, dense_spread=dense.spread,
         folded_spread=folded.spread, ratio=folded.median / dense.median, rows_limit_ratio=rows.median / dense.median,
         rows_seconds=rows.median, flop_limit_ratio=case.flop_limit_ratio, attention_plan=case.attention_plan,
-        repeats=repeats, threads=torch.get_num_threads(),
+        repeats=repeats, threads=torch.get_num_threads(), compiled_seconds=med.get("compiled"),
+        compiled_rows_seconds=med.get("compiled_rows"),
+        compiled_rows_ratio=med["compiled"] / med["compiled_rows"] if med else None, compile_seconds=compile_seconds,
     )

@@ -17,6 +17,7 @@ whose ``specfold::<part>`` ranges (:data:`~specfold.engine.profiling.PARTS`) giv
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -54,6 +55,14 @@ class PassBenchResult:
     imposed_fold: float | None = None  # the fold ratio imposed on every layer (None: the gate's decisions at δ)
     rows_seconds: float | None = None  # median of the rows limit (with an imposed ratio): see bench_pass
     rows_ratio: float | None = None  # folded / rows limit
+    # with compile=True: the compiled folded pass (engine/compiled.py CompiledFold) and the compiled dense forward
+    # (the dense pass and the rows limit through it), timed in the same interleaved rounds
+    compiled_seconds: float | None = None  # median of the compiled folded pass
+    compiled_dense_seconds: float | None = None
+    compiled_rows_seconds: float | None = None
+    compiled_rows_ratio: float | None = None  # compiled folded / compiled rows limit
+    compile_seconds: float | None = None  # the warm-up passes that compiled (folded and dense forwards)
+    compiled_graphs: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -88,6 +97,7 @@ def bench_pass(
     seed: int = 0,
     device: str = "cpu",
     threads: int | None = None,
+    compile: bool = False,
     **fold_settings,
 ) -> PassBenchResult:
     """Time dense vs folded verification passes side by side (module docstring). ``vocab`` defaults to the shape's
@@ -97,7 +107,10 @@ def bench_pass(
     With ``imposed_fold`` in ``fold_settings`` every layer folds that share of its draft rows, and the *rows limit*
     is timed beside: the dense pass over only as many branch blocks as a folded layer recomputes rows
     (``N + (1 − f)·(K − 1)·N``, rounded to blocks) plus the LM head over the other rows — the arithmetic folding
-    cannot avoid, without its bookkeeping."""
+    cannot avoid, without its bookkeeping.
+
+    ``compile``: also the compiled folded pass, the compiled dense pass and the compiled rows limit, in the same
+    interleaved rounds (their first calls, which compile, are timed apart and reported as ``compile_seconds``)."""
     if shape not in SHAPES and shape != EMBEDDED:
         raise ValueError(f"unknown shape {shape!r}; available: {', '.join([*SHAPES, EMBEDDED])}")
     previous = torch.get_num_threads()
@@ -106,13 +119,14 @@ def bench_pass(
     try:
         real_vocab = None if shape == EMBEDDED else vocab or SHAPES[shape].vocab
         return _bench_pass(shape, delta, layers, real_vocab, branches, block, prefix, dtype, repeats, seed, device,
-                           fold_settings)
+                           compile, fold_settings)
     finally:
         torch.set_num_threads(previous)
 
 
 @torch.inference_mode()
-def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, repeats, seed, device, settings):
+def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, repeats, seed, device, compile,
+                settings):
     k, n = branches + 1, block
     if shape == EMBEDDED:
         from specfold.model.loading import load_model
@@ -146,6 +160,26 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
                 net.logits(rest)
 
         runs["rows"] = run_rows
+    compiled: dict[str, float | int] = {}
+    if compile:
+        from specfold.engine.compiled import graphs_compiled
+
+        cdense, cfolded = DenseVerifier(net, compile=True), FoldedVerifier(net, delta, compile=True, **settings)
+        runs["compiled_dense"] = lambda: cdense.verify(cache, states, parents)
+        runs["compiled"] = lambda: cfolded.verify(cache, states, parents)
+        if imposed is not None:
+            def run_crows() -> None:
+                cdense.verify(cache, states[:kr], parents[:kr])
+                if k > kr:
+                    net.logits(rest)
+
+            runs["compiled_rows"] = run_crows
+        before = graphs_compiled()
+        t0 = time.perf_counter()
+        for name in ("compiled_dense", "compiled", "compiled_rows"):
+            if name in runs:
+                runs[name]()
+        compiled = {"compile_seconds": time.perf_counter() - t0, "compiled_graphs": graphs_compiled() - before}
     # interleaved so that background load hits all alike
     t = interleaved(runs, repeats, warmup=1, device=device)
 
@@ -159,6 +193,8 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
     parts["other"] = max(0.0, total - sum(parts.values()))
     counter = count_ops(run_folded)
     d_med, f_med = t["dense"].median, t["folded"].median
+    med = {name: t[name].median for name in ("compiled", "compiled_dense", "compiled_rows") if name in t}
+    crows = med["compiled"] / med["compiled_rows"] if "compiled_rows" in med else None
     return PassBenchResult(
         shape=shape, layers=layers, vocab=vocab, branches=branches, block=block, prefix=prefix,
         dtype=str(dtype).removeprefix("torch."), delta=delta, fold_ratio=stats.fold_ratio() or 0.0,
@@ -168,4 +204,7 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
         threads=torch.get_num_threads(), imposed_fold=imposed,
         rows_seconds=t["rows"].median if "rows" in t else None,
         rows_ratio=f_med / t["rows"].median if "rows" in t else None,
+        compiled_seconds=med.get("compiled"), compiled_dense_seconds=med.get("compiled_dense"),
+        compiled_rows_seconds=med.get("compiled_rows"), compiled_rows_ratio=crows,
+        compile_seconds=compiled.get("compile_seconds"), compiled_graphs=compiled.get("compiled_graphs"),
     )

@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=choices(Backend), default="torch")
     p.add_argument("--json", action="store_true", help="one JSON object per line (the last line is the last run)")
     p.set_defaults(func=run)
+    p.add_argument("--compile", action="store_true",
+                   help="also time the compiled folded layer and the compiled rows limit (torch.compile; the first "
+                   "calls, which compile, are timed apart)")
 
     p = bench_sub.add_parser(
         "pass",
@@ -89,6 +92,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=run_pass)
+    p.add_argument("--compile", action="store_true",
+                   help="also time the compiled folded pass, the compiled dense pass and the compiled rows limit "
+                   "(torch.compile; the first calls, which compile, are timed apart)")
 
     p = bench_sub.add_parser(
         "batch",
@@ -194,7 +200,7 @@ def run_pass(args: argparse.Namespace) -> int:
     for shape, delta, f in grid:
         res = bench_pass(shape, delta, layers=args.layers, vocab=args.vocab, branches=args.branches,
                          block=args.block, prefix=args.prefix, dtype=dtype, repeats=args.repeats,
-                         threads=args.threads, device=args.device, imposed_fold=f)
+                         threads=args.threads, device=args.device, imposed_fold=f, compile=args.compile)
         if args.json:
             print(json.dumps(res.as_dict()), flush=True)
             continue
@@ -207,6 +213,11 @@ def run_pass(args: argparse.Namespace) -> int:
               f"{res.folded_seconds * 1e3:8.1f} ms  ratio {res.ratio:.3f}  fold {res.fold_ratio:.2f} "
               f"ffn {res.ffn_fold_ratio:.2f}  dense layers {res.dense_layers}/{res.layers}  "
               f"ops/layer {res.ops_per_layer:.0f}  syncs/layer {res.syncs_per_layer:.1f}\n    {parts}", flush=True)
+        if res.compiled_seconds is not None:
+            crows = "" if res.compiled_rows_ratio is None else f"  compiled folded/rows {res.compiled_rows_ratio:.3f}"
+            print(f"    compiled: folded {res.compiled_seconds * 1e3:8.1f} ms  dense "
+                  f"{res.compiled_dense_seconds * 1e3:8.1f} ms{crows}  ({res.compiled_graphs} graphs, "
+                  f"{res.compile_seconds:.1f} s compiling)", flush=True)
     return 0
 
 
@@ -228,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
                 backend=args.backend,
                 threads=args.threads,
                 device=args.device,
+                compile=args.compile,
             )
             rows.append(res.as_dict())
             if not args.json:
@@ -236,6 +248,8 @@ def run(args: argparse.Namespace) -> int:
                     f"{res.folded_seconds * 1e3:8.2f} ms  ratio {res.ratio:.3f}  rows limit "
                     f"{res.rows_limit_ratio:.3f}  ratio/rows {res.ratio / res.rows_limit_ratio:.3f}  FLOP limit "
                     f"{res.flop_limit_ratio:.3f}  attention {res.attention_plan}"
+                    + ("" if res.compiled_seconds is None else f"  compiled {res.compiled_seconds * 1e3:8.2f} ms  "
+                       f"compiled/rows(compiled) {res.compiled_rows_ratio:.3f}")
                 )
     if args.json:
         for row in rows[:-1]:

@@ -80,7 +80,9 @@ class _PrefixRows:
         self.q4, self.index, self.mask, self.hq = q4, index, mask, hq  # index [R] into S*Y; mask [S, P] padding
 
     @classmethod
-    def of(cls, q, rows, prefix_k, prefix_len, span: int, group: torch.Tensor | None = None) -> _PrefixRows:
+    def of(cls, q, rows, prefix_k, prefix_len, span: int, group: torch.Tensor | None = None,
+           y: int | None = None) -> _PrefixRows:
+        """``y``: the largest group's row count when the caller knows it (else read here from the device)."""
         r, hq, d = q.shape
         hkv = prefix_k.shape[-3]
         g = hq // hkv
@@ -89,8 +91,9 @@ class _PrefixRows:
         s, p = prefix_k.shape[0], prefix_k.shape[2]
         if group is None:  # [R] request of each row (rows ascend, so groups are contiguous)
             group = rows // (span // s)
-        sizes = torch.bincount(group, minlength=s)
-        y = int(sizes.max())  # NOTE: one host read: the padded group size
+        sizes = torch.zeros(s, dtype=torch.long, device=q.device).index_add_(0, group, torch.ones_like(group))
+        if y is None:
+            y = int(sizes.max())  # NOTE: one host read: the padded group size
         rank = torch.arange(r, device=q.device) - (torch.cumsum(sizes, 0) - sizes)[group]
         index = group * y + rank
         qpad = q.new_zeros(s * y, hq, d).index_copy_(0, index, q)
@@ -170,6 +173,7 @@ def attend_split(
     scale: float,
     prefix_len: torch.Tensor | None = None,  # [S] live keys of each request's prefix (4-dim prefix only)
     branch_request: torch.Tensor | None = None,  # [K] long, ascending: each branch's request (4-dim prefix only)
+    group_rows: int | None = None,  # the most pool rows of one request (4-dim prefix; None: read from the device)
 ) -> torch.Tensor:
     """Every (branch, position)'s attention over the prefix and its own branch's block, with its pool row's query.
     Returns ``o [K, N, Hq, D]`` (acc dtype).
@@ -190,7 +194,7 @@ def attend_split(
     if prefix_k is None or prefix_k.shape[-2] == 0:
         return o_b
     group = None if branch_request is None else branch_request.index_select(0, rows // n)  # [R]
-    pre = _PrefixRows.of(q, rows, prefix_k, prefix_len, k * n, group)
+    pre = _PrefixRows.of(q, rows, prefix_k, prefix_len, k * n, group, group_rows)
     pk, pv = (prefix_k, prefix_v) if prefix_k.dim() == 4 else (prefix_k[None], prefix_v[None])
     bias = None if pre.mask is None else torch.zeros(pre.mask.shape, dtype=q.dtype, device=q.device).masked_fill(
         pre.mask, float("-inf"))[:, None, None, :]

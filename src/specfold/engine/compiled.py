@@ -18,14 +18,22 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from specfold.engine.folded_layer import attention_pooled, ffn_pooled
+from specfold.engine.layer_types import LayerContext, LayerCounts
+from specfold.engine.plan import StaticPlan, static_plan
+from specfold.model.linear import bucket_rows
 from specfold.model.transformer import DLLM
 
 # NOTE: generous: one entry per static specialisation; dynamic=True keeps this to a handful per forward.
 RECOMPILE_LIMIT = 16
+# torch.compile's backend for every compiled part of this module. Tests may set "eager" (dynamo only): the same graphs
+# (and graph counts) without inductor's C++ build, seconds instead of minutes on a CPU.
+BACKEND = "inductor"
 
 
 def graphs_compiled() -> int:
@@ -42,8 +50,8 @@ class CompiledForwards:
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
-        self._forward = torch.compile(net.forward, dynamic=True)
-        self._ragged = torch.compile(net.forward_ragged, dynamic=True)
+        self._forward = torch.compile(net.forward, dynamic=True, backend=BACKEND)
+        self._ragged = torch.compile(net.forward_ragged, dynamic=True, backend=BACKEND)
         self.compile_seconds = 0.0
         self.graphs = 0
 
@@ -74,3 +82,108 @@ def compiled_forwards(net: DLLM) -> CompiledForwards:
     if net not in _OF:
         _OF[net] = CompiledForwards(net)
     return _OF[net]
+
+
+# --- the folded layer compiled (torch backend) ----------------------------------------------------------------------
+
+
+def _plan_tuple(h, graph, delta, fold, request, requests):
+    p = static_plan(h, graph, delta, fold, request, requests)
+    return p.rho, p.recompute, p.src, p.table, p.order, p.count, p.sizes
+
+
+def _attention_tuple(layer, h, plan, size, ctx, prefix_k, prefix_v, group_rows, ffn_gate, delta, requests):
+    h1 = attention_pooled(layer, h, plan, size, ctx, prefix_k, prefix_v, group_rows)
+    if not ffn_gate:
+        return (h1,)
+    k, n = plan.recompute.shape
+    return (h1, *_plan_tuple(h1.view(k, n, -1), ctx.graph, delta, None, ctx.branch_request, requests))
+
+
+def _ffn_tuple(layer, h1, plan, size, recompute):
+    h2 = ffn_pooled(layer, h1, plan, size)
+    counts = ((~recompute).sum(dim=1), (~plan.recompute).sum(dim=1), recompute.sum(dim=1))
+    return h2, *counts
+
+
+class CompiledFold:
+    """The torch backend's folded layer under ``torch.compile`` (``dynamic=True``) in three graphs per layer: the
+    gate and compaction (:func:`~specfold.engine.plan.static_plan`), the attention part with the FFN's gate
+    (:func:`~specfold.engine.folded_layer.attention_pooled`), and the FFN on its pool
+    (:func:`~specfold.engine.folded_layer.ffn_pooled`). Between them the host reads each pool's row count once and
+    rounds it up to a bucket (:func:`~specfold.model.linear.bucket_rows`), so the graphs see shapes (K, N, bucket,
+    P), all dynamic: a bounded number of graphs, whatever the prefix length, branch count or fold ratio.
+
+    Attention is always direct (split, exact without a guard) and the FFN always runs on its pool: the per-layer
+    cost rule's choices are the eager engine's. Every layer of a model shares the graphs (layers are inputs).
+    ``compile_seconds`` and ``graphs`` accumulate like :class:`CompiledForwards`'; :meth:`take` hands a pass its
+    share. ``backend=None`` runs the same pieces uncompiled: the compiled layer's reference (same signature)."""
+
+    def __init__(self, backend: str | None = "default") -> None:
+        import torch._dynamo
+
+        backend = BACKEND if backend == "default" else backend
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
+        wrap = (lambda f: f) if backend is None else (lambda f: torch.compile(f, dynamic=True, backend=backend))
+        self._plan, self._attention, self._ffn = wrap(_plan_tuple), wrap(_attention_tuple), wrap(_ffn_tuple)
+        self.compile_seconds = 0.0
+        self.graphs = 0
+        self._pass = (0.0, 0)
+
+    def _call(self, fn, *args: Any) -> tuple:
+        before = graphs_compiled()
+        t0 = time.perf_counter()
+        out = fn(*args)
+        new = graphs_compiled() - before
+        if new:
+            seconds = time.perf_counter() - t0
+            self.compile_seconds += seconds
+            self.graphs += new
+            self._pass = (self._pass[0] + seconds, self._pass[1] + new)
+        return out
+
+    def take(self) -> tuple[float, int]:
+        """The compile seconds and graphs since the last call (one pass's)."""
+        out, self._pass = self._pass, (0.0, 0)
+        return out
+
+    def steps(self, ctx: LayerContext) -> tuple[Callable, Callable]:
+        """The pass's ``plan_fn`` and ``layer_fn`` (the signatures of
+        :func:`~specfold.engine.plan.gate_and_compact` and :func:`~specfold.engine.folded_layer.folded_layer`)."""
+        request = ctx.branch_request
+        requests = 1 if request is None else int(ctx.prefix_len.shape[0])
+
+        def plan_fn(h, graph, delta, fold=None) -> StaticPlan:
+            return StaticPlan(*self._call(self._plan, h, graph, delta, fold, request, requests))
+
+        def layer_fn(layer, h, plan, ctx, prefix_k, prefix_v, cfg, trace=False, cost=None):
+            k, n = plan.recompute.shape
+            m = k * n
+            counts = torch.cat([plan.count.reshape(1), plan.sizes]).tolist()  # NOTE: the layer's one host read
+            r, size = counts[0], min(bucket_rows(counts[0]), m)
+            group_rows = None
+            if prefix_k is not None and prefix_k.dim() == 4:
+                sizes = counts[1:]
+                group_rows = max(sizes[:-1] + [sizes[-1] + size - r])
+            residual = cfg.ffn == "residual"
+            out = self._call(self._attention, layer, h, plan, size, ctx, prefix_k, prefix_v, group_rows, residual,
+                             cfg.delta, requests)
+            h1, fplan = out[0], (StaticPlan(*out[1:]) if residual else plan)
+            r_f = int(fplan.count) if residual else r  # NOTE: the FFN pool's host read
+            h2, folded, ffn_folded, recomputed = self._call(
+                self._ffn, layer, h1, fplan, min(bucket_rows(r_f), m), plan.recompute)
+            zero = torch.zeros_like(folded)
+            return h2, LayerCounts(folded=folded, ffn_folded=ffn_folded, guard=zero, recomputed=recomputed,
+                                   corrected=zero, dense=r == m), None
+
+        return plan_fn, layer_fn
+
+
+_FOLD_OF: weakref.WeakKeyDictionary[DLLM, CompiledFold] = weakref.WeakKeyDictionary()
+
+
+def compiled_fold(net: DLLM) -> CompiledFold:
+    """The model's compiled folded layer, made once per model object and process."""
+    if net not in _FOLD_OF:
+        _FOLD_OF[net] = CompiledFold()
+    return _FOLD_OF[net]

@@ -69,7 +69,9 @@ class FoldedVerifier:
     only then; fp32/bf16/fp16 models). ``cost`` is the per-layer cost rule (default: measured on this machine for
     the model's device and dtype, see :mod:`specfold.engine.cost`); ``cost=None`` with ``dense_fallback=False``
     and an explicit attention mode folds unconditionally. ``compile``: the dense passes (no drafts, or the per-pass
-    rule's) run the compiled forwards (:mod:`specfold.engine.compiled`); folded layers stay eager."""
+    rule's) run the compiled forwards (:mod:`specfold.engine.compiled`), and with the torch backend (attention
+    ``auto`` or ``direct``) so do the folded layers (:class:`~specfold.engine.compiled.CompiledFold`: split
+    attention, gated FFN, bucketed pools; not for ``trace``)."""
 
     def __init__(
         self, net: DLLM, delta: float = 0.1, *, cfg: FoldConfig | None = None, cost: LayerCost | str | None = "auto",
@@ -98,6 +100,11 @@ class FoldedVerifier:
         self.fold_estimate = FOLD_PRIOR
         self._imposed_masks: dict[tuple[int, int], torch.Tensor] = {}  # cfg.imposed_fold's, per (K, N)
         self._dense = DenseVerifier(net, compile=compile)  # passes without drafts, and the per-pass rule's
+        self._fold = None
+        if compile and cfg.backend == "torch" and cfg.attention != "correct":
+            from specfold.engine.compiled import compiled_fold
+
+            self._fold = compiled_fold(net)
         self._root_stats_of: dict[int, FoldStats] = {}  # per N
 
     @property
@@ -135,7 +142,7 @@ class FoldedVerifier:
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par.reshape(-1), graph=graph)
         prefixes = [cache.layer(i) for i in range(len(net.layers))]
         logits, counts, out = self.forward(states, ctx, prefixes, trace)
-        stats = fold_stats_batch(counts, checked, n, [k])[0]
+        stats = self._compile_cost(fold_stats_batch(counts, checked, n, [k]))[0]
         self._observe(stats)
         return VerifyResult(logits, stats), out
 
@@ -186,7 +193,7 @@ class FoldedVerifier:
                     for i in range(len(net.layers))]
         logits, counts, _ = self.forward(states, ctx, prefixes, head_rows=None if ragged else keep)
         per_request = list(torch.split(logits, batch.branches))
-        stats = fold_stats_batch(counts, checked, n, batch.branches, starts)
+        stats = self._compile_cost(fold_stats_batch(counts, checked, n, batch.branches, starts))
         self._observe(sum(stats, FoldStats()))
         return BatchVerifyResult(per_request, stats)
 
@@ -201,6 +208,14 @@ class FoldedVerifier:
             return False
         keys = prefix if isinstance(prefix, int) else int(prefix.float().mean())  # NOTE: host lengths, no sync
         return not self.pass_cost.folding_pays(m, n, keys, self.fold_estimate)
+
+    def _compile_cost(self, stats: list[FoldStats]) -> list[FoldStats]:
+        """The compiled folded layer's compile seconds and graphs of this pass, on its first request."""
+        if self._fold is not None:
+            seconds, graphs = self._fold.take()
+            if graphs:
+                stats[0] = replace(stats[0], compile_seconds=seconds, compiled_graphs=graphs)
+        return stats
 
     def _observe(self, stats: FoldStats) -> None:
         """Move f̂ towards a folded pass's fold ratio."""
@@ -267,6 +282,8 @@ class FoldedVerifier:
         else:
             if ctx.graph is None:
                 ctx = replace(ctx, graph=BranchGraph.of(ctx.parents))
+            if self._fold is not None and not trace:
+                plan_fn, layer_fn = self._fold.steps(ctx)
         graph = ctx.parents if ctx.graph is None else ctx.graph
         imposed = self._imposed(k, n)
         for i, (layer, (pk, pv)) in enumerate(zip(net.layers, prefixes, strict=True)):

@@ -20,7 +20,7 @@ from specfold.engine.correction import correct_rows
 from specfold.engine.cost import LayerCost
 from specfold.engine.gate import fold_mask, relative_residual
 from specfold.engine.layer_types import FoldConfig, LayerContext, LayerCounts, LayerTrace
-from specfold.engine.plan import FoldPlan, correction_plan, dense_plan, pool_index
+from specfold.engine.plan import FoldPlan, StaticPlan, correction_plan, dense_plan, pool_index, pool_rows
 from specfold.engine.profiling import part
 from specfold.model.attention import accumulation_dtype, attend, attend_ragged
 from specfold.model.linear import bucket_index
@@ -225,3 +225,44 @@ def _ffn_step(
     with part("packing"):
         f_tab = f_pool.index_select(0, ff_table.reshape(-1))
         return h1 + f_tab, f_tab, ffn_recompute
+
+
+# --- the layer in static shapes with bucketed pools (compiled by specfold.engine.compiled) -----------------------
+#
+# The same layer as folded_layer with attention "direct" (split, attend_split) and the FFN under its gate, cut into
+# pieces whose shapes are fixed by (K, N, the pool bucket, P): compaction is a scatter to ranks (StaticPlan), a pool
+# is the first `size` rows of the plan's order, padded to a bucket, and nothing inside reads the host. The compiled
+# layer reads each pool's count once (two reads per layer: the attention pool, the FFN pool) to pick its bucket.
+
+
+def attention_pooled(
+    layer: Layer,
+    h: torch.Tensor,  # [K*N, E] layer input
+    plan: StaticPlan,
+    size: int,  # the pool bucket (>= plan.count)
+    ctx: LayerContext,
+    prefix_k: torch.Tensor | None,  # [Hkv, P, D] or [S, Hkv, P, D]
+    prefix_v: torch.Tensor | None,
+    group_rows: int | None,  # the most pool rows (padding included) of one request (4-dim prefix)
+) -> torch.Tensor:
+    """Q/K/V of the bucketed pool, split attention of every row (:func:`attend_split`), ``H' = H + W_o·O``. Returns
+    ``H' [K*N, E]``."""
+    k, n = plan.recompute.shape
+    rows = pool_rows(plan, size)
+    q, kk, vv = qkv_rows(layer, h, rows, ctx)
+    k_tab, v_tab = take(kk, plan.table), take(vv, plan.table)
+    o = attend_split(q, rows, plan.table, prefix_k, prefix_v, k_tab, v_tab, ctx.scale, ctx.prefix_len,
+                     ctx.branch_request, group_rows)
+    return h + layer.attn_out(o.to(h.dtype).reshape(k * n, *q.shape[1:]))
+
+
+def ffn_pooled(
+    layer: Layer,
+    h1: torch.Tensor,  # [K*N, E] post-attention residual
+    plan: StaticPlan,  # the FFN gate's plan
+    size: int,  # the FFN pool bucket (>= plan.count)
+) -> torch.Tensor:
+    """The FFN on the first ``size`` rows of the plan's order (padding rows are folded rows whose results nobody
+    reads), each row taking its pool row's output: ``H_next [K*N, E]``."""
+    f_pool = layer.ffn(h1.index_select(0, plan.order[:size]))
+    return h1 + f_pool.index_select(0, plan.table.reshape(-1))

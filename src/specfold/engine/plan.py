@@ -114,3 +114,69 @@ def pool_index(
     rows = flat.nonzero().squeeze(1)
     slot = (torch.cumsum(flat, 0) - 1).view(k, n)  # pool slot of every recomputed (i, n)
     return src, rows, slot.gather(0, src)
+
+
+# --- static-shape plans (the compiled folded layer, :mod:`specfold.engine.compiled`) --------------------------------
+
+
+@dataclass
+class StaticPlan:
+    """A layer's gate decisions and packing with every shape fixed by ``[K, N]``: the pool is the first ``count``
+    entries of ``order`` (recomputed rows, ascending), followed by the other rows. No ``nonzero``, no host read: what
+    a compiled graph can produce. :func:`pool_rows` cuts a bucketed pool from it after one host read."""
+
+    rho: torch.Tensor  # [K, N] Eq. 4
+    recompute: torch.Tensor  # [K, N] bool
+    src: torch.Tensor  # [K, N] long: nearest recomputing ancestor
+    table: torch.Tensor  # [K, N] long: pool row (slot) each (branch, position) holds
+    order: torch.Tensor  # [K*N] long: flat rows, the recomputed ones first (ascending), then the folded ones
+    count: torch.Tensor  # [] long: R, the recomputed rows
+    sizes: torch.Tensor  # [S] long: recomputed rows per request (S = 1 without ``request``)
+
+
+def static_plan(
+    h: torch.Tensor,  # [K, N, E] layer input of every branch
+    graph: BranchGraph,
+    delta: float,
+    fold: torch.Tensor | None = None,  # [K, N] bool imposed decisions (benchmarks), as in gate_and_compact
+    request: torch.Tensor | None = None,  # [K] long, ascending: each branch's request
+    requests: int = 1,  # S
+) -> StaticPlan:
+    """:func:`gate_and_compact` (Eq. 4/5, source resolution, compaction) in static shapes: the pool order is a
+    scatter of every row to its rank (recomputed rows to their slot, the others after them)."""
+    rho = relative_residual(h, graph, exact_zero=delta == 0)
+    folded = fold_mask(rho, delta, graph) if fold is None else fold & graph.nonroot[:, None]
+    return static_plan_of(rho, ~folded, graph, request, requests)
+
+
+def static_plan_of(
+    rho: torch.Tensor,  # [K, N]
+    recompute: torch.Tensor,  # [K, N] bool, roots all True
+    graph: BranchGraph,
+    request: torch.Tensor | None = None,  # [K] long
+    requests: int = 1,
+) -> StaticPlan:
+    """:func:`static_plan` after the gate (given decisions)."""
+    k, n = recompute.shape
+    src = resolve_sources(recompute, graph)
+    flat = recompute.reshape(-1)
+    seen = torch.cumsum(flat, 0)  # recomputed rows up to and including each row
+    count = seen[-1]
+    index = torch.arange(k * n, device=flat.device)
+    rank = torch.where(flat, seen - 1, count + index - seen)  # folded rows after the pool, in order
+    order = torch.empty_like(index).scatter_(0, rank, index)
+    table = (seen - 1).view(k, n).gather(0, src)
+    per_branch = recompute.sum(dim=1)
+    if request is None:
+        sizes = per_branch.sum().reshape(1)
+    else:
+        sizes = torch.zeros(requests, dtype=torch.long, device=flat.device).index_add_(0, request, per_branch)
+    return StaticPlan(rho=rho, recompute=recompute, src=src, table=table, order=order, count=count, sizes=sizes)
+
+
+def pool_rows(plan: StaticPlan, size: int) -> torch.Tensor:
+    """``[size]`` long: the pool's rows, padded up to ``size`` (a bucket, at least ``count``) with copies of the last
+    recomputed row (its request's group grows by the padding; nothing reads a padding row's results)."""
+    rows = plan.order[:size]
+    live = torch.arange(size, device=rows.device) < plan.count
+    return torch.where(live, rows, plan.order.gather(0, (plan.count - 1).reshape(1)))  # a gather: no host read
