@@ -10,6 +10,9 @@ v_proj, attn_out, ff_norm, ff_proj (gate), up_proj, ff_out (down)}``, ``ln_f`` a
 ``model.transformer.ff_out``. Head dim ``d_model // n_heads``. Only the Llama block with RMSNorm, SiLU and RoPE is
 mapped (the published checkpoints); any other choice of the OLMo config is refused by name.
 
+One stated difference: ``rope_full_precision`` (published: true) upcasts q and k to fp32 for RoPE; ours applies
+RoPE in the model's dtype as Llama / Qwen2 do — identical in fp32 and fp64, within bf16 rounding in bf16.
+
 Stop ids: the config's EOS (126081) and the tokenizer's ``<|eot_id|>`` (126348). Its reference ``generate()`` never
 stops early; the text is cut at either.
 
