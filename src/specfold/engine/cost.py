@@ -10,7 +10,7 @@ fixed number of small ops per layer whatever the row counts) is converted to MAC
 
     per row:   qkv = E·(Hq + 2·Hkv)·D     attn = 2·Hq·D·(P + N)     o = Hq·D·E     ffn = 3·E·F
     dense attention part  = M·(qkv + attn + o)
-    folded, direct        = R·qkv + M·attn + M·o              + ops_direct · c
+    folded, direct        = R·qkv + 2·Hq·D·(R·P + M·N) + M·o   + ops_direct · c    (split: prefix per pool row)
     folded, Eq. 8         = R·qkv + R·attn + (R + C)·o + 2·C·R·Hq·D + ops_correct · c
     dense FFN             = M·ffn
     folded FFN            = R_f·ffn                            + ops_ffn · c
@@ -109,7 +109,9 @@ class LayerCost:
         attn = self.attn_per_key * (prefix + n)
         costs = {
             "dense": m * (self.qkv + attn + self.o),
-            "direct": r * self.qkv + m * (attn + self.o) + OPS_DIRECT * self.op_macs,
+            # split (attention_rows.attend_split): the prefix part per pool row, the block part per row
+            "direct": r * self.qkv + (r * prefix + m * n) * self.attn_per_key + m * self.o
+            + OPS_DIRECT * self.op_macs,
             "correct": r * (self.qkv + attn) + (r + c) * self.o + c * r * self.attn_per_key
             + OPS_CORRECT * self.op_macs,
         }
