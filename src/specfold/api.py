@@ -18,6 +18,7 @@ from specfold.decoding.calibration import count_formulas, counts_from_json, grap
 from specfold.decoding.core import Drafter, GenerationResult, lookahead_supported
 from specfold.decoding.decoder import decode, decode_batch
 from specfold.decoding.draft_graph import DraftGraph, Formula
+from specfold.decoding.sequence import sequence_protocol
 from specfold.decoding.speculative import GraphDrafter, TraceRecorder
 from specfold.engine.base import Verifier
 from specfold.engine.dense import DenseVerifier
@@ -107,10 +108,13 @@ def decode_config_for(
     prefill_chunk: int | None = None,
     steps: int | None = None,
     strategy: str | None = None,
+    cache: str | None = None,
 ) -> DecodeConfig:
     """Decoding parameters with the family's defaults (block = the checkpoint's ``bd_size``; small blocks of 8
     for Fast-dLLM-v2, none for Nemotron-Labs-Diffusion; prefill chunks of ``DEFAULT_PREFILL_CHUNK`` rows).
-    ``steps`` / ``strategy``: a quota rule's passes per block and strategy (SDAR), refused for other families."""
+    ``steps`` / ``strategy``: a quota rule's passes per block and strategy (SDAR), refused for other families
+    except the fully bidirectional ones (LLaDA, Dream), where ``steps`` counts the passes of the whole generation
+    and ``cache`` picks Fast-dLLM v1's cache (:mod:`specfold.decoding.sequence`)."""
     family = family_of(model.config)
     sbs = family.default_small_block_size if small_block_size == "auto" else small_block_size
     if small_block_size == "auto" and sbs is not None and block_size is not None and sbs > block_size:
@@ -123,8 +127,14 @@ def decode_config_for(
         prefill_chunk=prefill_chunk,
         steps=steps,
         strategy=strategy,
+        cache=cache,
     )
-    family_of(model.config).rule.with_options(strategy, steps)  # ConfigError (a ValueError) without a quota rule
+    if family.bidirectional:
+        sequence_protocol(family, cfg)  # ValueError for what the references do not define
+    elif cache is not None:
+        raise ValidationError(f"--cache applies to the fully bidirectional families (LLaDA, Dream), not {family.name}")
+    else:
+        family.rule.with_options(strategy, steps)  # ConfigError (a ValueError) without a quota rule
     n, model_n = cfg.block_size, model.config.block_size
     if family.prefill_mask == "block_causal" and model_n % n:
         # the prompt was trained block-causally in blocks of model_n: a block must tile them
@@ -230,6 +240,7 @@ def generate(
     batch_size: int = 8,
     steps: int | None = None,
     strategy: str | None = None,
+    cache: str | None = None,
     **options: Any,
 ) -> GenerationResult | list[GenerationResult]:
     """Decode one prompt (text through the chat template, or token ids as given) and return a typed result; a
@@ -244,7 +255,8 @@ def generate(
     ``delta``, default 0.1). All three produce the vanilla tokens (specfold at ``delta = 0``, ``ffn="residual"``);
     ``delta > 0`` trades exactness for speed. Options that the method does not use (``delta`` with vanilla, ...)
     are refused, as are prompt ids outside the vocabulary (before anything is decoded). ``steps`` / ``strategy``:
-    a quota rule's passes per block and strategy (SDAR; refused for other families).
+    a quota rule's passes per block and strategy (SDAR; refused for other families); for LLaDA and Dream ``steps``
+    counts the passes of the whole generation and ``cache`` picks Fast-dLLM v1's cache (none / prefix / dual).
     """
     options = {k: v for k, v in options.items() if v is not None}  # None = not given, as in MethodConfig
     unknown = [k for k in options if k not in METHOD_OPTIONS]
@@ -259,7 +271,7 @@ def generate(
     else:
         method_cfg = MethodConfig(method, **options)
     cfg = decode_config_for(model, max_new_tokens, threshold, block_size, small_block_size, prefill_chunk, steps,
-                            strategy)
+                            strategy, cache)
     m = prepare_method(model, method_cfg, cfg)
     several = isinstance(prompt_or_ids, list | tuple) and bool(prompt_or_ids) and not isinstance(prompt_or_ids[0], int)
     prompts = list(prompt_or_ids) if several else [prompt_or_ids]

@@ -8,6 +8,7 @@ import sys
 
 from specfold.cli.common import (
     UsageError,
+    add_cache_arg,
     add_decode_args,
     add_model_args,
     add_quota_args,
@@ -71,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_decode_args(p)
     add_quota_args(p)
+    add_cache_arg(p)
     p.set_defaults(func=run)
 
 
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if len(samples) < args.samples:
         raise UsageError(f"only {len(samples)} calibration prompts available, asked for {args.samples}")
     cfg = decode_config_for(model, args.max_new_tokens, args.threshold, args.block_size, args.small_block_size,
-                            steps=args.steps, strategy=args.strategy)
+                            steps=args.steps, strategy=args.strategy, cache=args.cache)
     prompts = [encode_prompt(model, s.prompt, chat=not args.no_chat) for s in samples]
     bar = progress_bar(len(prompts), "calibrate")
     traces = record_traces(model, prompts, cfg, progress=lambda i: bar.update(1))
@@ -127,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         "small_block_size": cfg.small_block_size,
         "max_new_tokens": cfg.max_new_tokens,
     }
+    if cfg.cache is not None:
+        provenance["cache"] = cfg.cache
     try:
         graph, paths = calibrate(
             traces, args.budget, args.depth, args.objective, args.count_depth, folds=args.folds, model=model.name,

@@ -211,6 +211,18 @@ def add_quota_args(p: argparse.ArgumentParser) -> None:
                    "else the quota most confident) or low_confidence_static (always the quota most confident)")
 
 
+def add_cache_arg(p: argparse.ArgumentParser) -> None:
+    """``--cache``: Fast-dLLM v1's cache for the fully bidirectional families (LLaDA, Dream; refused for the others,
+    whose finished blocks are cached as they go)."""
+    from specfold.config import CACHE_MODES
+
+    p.add_argument("--cache", choices=list(CACHE_MODES), default=None,
+                   help="LLaDA / Dream: 'none' = every pass a forward of the whole sequence (LLaDA's own generate() "
+                   "with --steps), 'prefix' = the block and the masked suffix over the prefix's K/V, 'dual' = the "
+                   "block over the prefix's and the suffix's K/V (default; both refilled by a full forward at each "
+                   "block); there --steps counts the passes of the whole generation, as their references do")
+
+
 # The method options as the CLI spells them (the MethodConfig field names are the keys), and their help.
 METHOD_FLAGS = {
     "graph": "--graph",

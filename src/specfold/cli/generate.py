@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specfold.cli.common import (
     UsageError,
+    add_cache_arg,
     add_decode_args,
     add_method_args,
     add_model_args,
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_decode_args(p)
     add_quota_args(p)
+    add_cache_arg(p)
     p.add_argument(
         "--prefill-chunk",
         type=positive_int,
@@ -193,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         steps=args.steps,
         strategy=args.strategy,
+        cache=args.cache,
     )
     results = out if isinstance(out, list) else [out]
     for i, result in enumerate(results):
@@ -209,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
             if args.method == "specfold":
                 rec["fold_ratio"] = result.engine_stats.fold_ratio()
                 rec["ffn_fold_ratio"] = result.engine_stats.fold_ratio("ffn")
+                if result.engine_stats.block_draft_triples:  # a window's block rows and the rows around it
+                    rec["fold_ratio_block"], rec["fold_ratio_context"] = result.engine_stats.window_fold_ratios()
             print(json.dumps(rec))
             continue
         if len(results) > 1:

@@ -30,6 +30,13 @@ cache also runs the next block's first state ``[ŝ, M, …, M]``, with ``ŝ`` th
 prediction of the token after the block (position 0 of its logits). When the real seed equals ``ŝ``, those rows are
 exactly the next block's first denoising pass, which is skipped. The trajectory is the vanilla one.
 
+**Fully bidirectional families** (LLaDA, Dream: :attr:`~specfold.model.families.base.FamilySpec.bidirectional`) run
+their references' protocols instead of prefill + block commits (:mod:`specfold.decoding.sequence`): every pass is
+a window of rows over the request's cache slot (the whole sequence, or the block and the masked suffix over a
+prefix cache, or the block alone over Fast-dLLM v1's dual cache); drafts are block states, the window rows around
+the block are the same in every branch, and the rule reads the block's rows only. A block boundary's full forward
+refills the cache and commits tokens; NFE counts it (``nfe_cache``).
+
 **No decode runs forever**: a block takes at most ``rule.max_steps(N)`` rule applications (one per vanilla pass);
 a block that still holds masks then (only possible when the argmax is the mask token itself) ends as it is, and the
 result counts it in ``capped_blocks``.
@@ -50,6 +57,7 @@ from typing import Any, Protocol
 import torch
 
 from specfold.config import DecodeConfig
+from specfold.decoding.sequence import SequenceProtocol, boundary_forward, sequence_protocol, window_parts
 from specfold.decoding.unmasking import StopIds, quota_short, rule_step, stop_ids_tuple, stop_reached
 from specfold.engine.base import BatchBranches
 from specfold.engine.dense import DenseVerifier
@@ -290,6 +298,10 @@ class _Request:
     ctx_logits: torch.Tensor | None = None  # [N, V] the logits that produced the block (None at a block start)
     emitted: int = 0
     stop_at: int | None = None
+    rule: UnmaskRule | None = None  # the request's rule (a bidirectional family's depends on its generation length)
+    prompt: torch.Tensor | None = None  # [T] (bidirectional families: the window's rows before the generation)
+    sequence: SequenceProtocol | None = None  # bidirectional families only
+    passes: int = 0  # passes over the current block after its boundary forward (bidirectional families)
 
 
 class Decoder:
@@ -308,7 +320,14 @@ class Decoder:
         self.model, self.cfg, self.max_batch = model, cfg, max_batch
         net, c = model.net, model.config
         self.family: FamilySpec = family_of(c)
-        self.rule = self.family.rule.with_options(cfg.strategy, cfg.steps)
+        self.bidirectional = self.family.bidirectional
+        if cfg.cache is not None and not self.bidirectional:
+            raise ValueError(f"--cache applies to the fully bidirectional families (LLaDA, Dream), not "
+                             f"{self.family.name} (its blocks are cached as they finish)")
+        if self.bidirectional:
+            self.rule = sequence_protocol(self.family, cfg).rule
+        else:
+            self.rule = self.family.rule.with_options(cfg.strategy, cfg.steps)
         check_quota_rule(self.rule, cfg.block_size)
         self.verifier = getattr(method, "verifier", None) or DenseVerifier(net)
         self.drafter = getattr(method, "drafter", None)
@@ -331,7 +350,10 @@ class Decoder:
         if request.request_id in self.active or any(w[0] == request.request_id for w in self.waiting):
             raise ValueError(f"request id {request.request_id!r} is already in the batch")
         prompt = check_prompt(self.model, request.prompt_ids, cfg)
-        check_quota_rule(self.rule, cfg.block_size, prompt.numel() % cfg.block_size)
+        if self.bidirectional:
+            sequence_protocol(self.family, cfg)  # refuses what the references do not define
+        else:
+            check_quota_rule(self.rule, cfg.block_size, prompt.numel() % cfg.block_size)
         if cache_rows_needed(prompt.numel(), cfg) > self.cache.capacity:
             raise ValueError(
                 f"prompt ({prompt.numel()} tokens) + max_new_tokens ({cfg.max_new_tokens}) needs "
@@ -355,7 +377,7 @@ class Decoder:
             length = src.length
             dst.k[:, :, :length] = src.k[:, :, :length]
             dst.v[:, :, :length] = src.v[:, :, :length]
-            dst.length = length
+            dst.length, dst.window_start = length, src.window_start
             hole, last.slot = last.slot, hole
         self.cache.reset(hole)
         self.free.append(hole)
@@ -365,15 +387,17 @@ class Decoder:
     def step(self) -> list[BatchEvent]:
         events: list[BatchEvent] = []
         admitted = [self._admit(*self.waiting.pop(0)) for _ in range(min(len(self.waiting), len(self.free)))]
-        self._settle(admitted, events)
+        settle = self._settle_sequence if self.bidirectional else self._settle
+        settle(admitted, events)
         reqs = sorted(self.active.values(), key=lambda r: r.slot)
         if reqs:
             drafts = [self._draft(req) for req in reqs]
             for req, (states, _), (logits, stats) in zip(reqs, drafts, self._verify(reqs, drafts), strict=True):
                 req.nfe_denoise += 1
+                req.passes += 1
                 req.engine_stats = req.engine_stats + stats
                 self._apply(req, logits, states)
-            self._settle(reqs, events)
+            settle(reqs, events)
         return events
 
     def _admit(
@@ -381,6 +405,8 @@ class Decoder:
     ) -> _Request:
         """Prefill one request into a free slot and set up its first block."""
         net = self.model.net
+        if self.bidirectional:
+            return self._admit_sequence(rid, prompt, cfg, observer)
         slot = self.free.pop(0)
         t_pre = time.perf_counter()
         block, gen_start, forwards = self.family.start(
@@ -388,11 +414,55 @@ class Decoder:
         )
         _sync(net.device)
         now = time.perf_counter()
-        req = _Request(rid, cfg, slot, block, gen_start, forwards, now - t_pre, now, observer)
+        req = _Request(rid, cfg, slot, block, gen_start, forwards, now - t_pre, now, observer, rule=self.rule)
         self.active[rid] = req
         if observer is not None:
             observer.block_start(block, gen_start)
         return req
+
+    def _admit_sequence(
+        self, rid: Hashable, prompt: torch.Tensor, cfg: DecodeConfig, observer: StepObserver | None
+    ) -> _Request:
+        """A bidirectional family's request: no prefill; its first block starts (with a boundary forward under a
+        cache, part of the decode time)."""
+        slot = self.free.pop(0)
+        self.cache.reset(slot)
+        proto = sequence_protocol(self.family, cfg)
+        block = torch.full((cfg.block_size,), self.model.mask_id, dtype=torch.long, device=prompt.device)
+        now = time.perf_counter()
+        req = _Request(rid, cfg, slot, block, 0, 0, 0.0, now, observer, rule=proto.rule, prompt=prompt,
+                       sequence=proto)
+        self.active[rid] = req
+        self._start_block(req)
+        return req
+
+    def _start_block(self, req: _Request) -> None:
+        """A bidirectional family's next block: all masks; under a cache, the boundary forward refills the slot and
+        commits from its logits (the rule's first application, or the block's first token)."""
+        n, mask_id, proto = req.cfg.block_size, self.model.mask_id, req.sequence
+        req.block = torch.full_like(req.block, mask_id)
+        req.steps = req.passes = 0
+        req.ctx_logits = None
+        if not proto.cached:
+            if req.observer is not None:
+                req.observer.block_start(req.block, 0)
+            return
+        done = len(req.generated)
+        seq = torch.cat([req.prompt, torch.tensor(req.generated, dtype=torch.long, device=req.block.device),
+                         torch.full((req.cfg.max_new_tokens - done,), mask_id, dtype=torch.long,
+                                    device=req.block.device)])
+        start = req.prompt.numel() + done
+        logits = boundary_forward(self.model.net, self.cache.slot(req.slot), seq, start, n, proto.cache)  # [N, V]
+        req.nfe_cache += 1
+        if proto.boundary_first:
+            req.block[0] = logits[0].argmax()
+            req.ctx_logits = logits
+            if req.observer is not None:
+                req.observer.block_start(req.block, 0)
+        else:
+            if req.observer is not None:
+                req.observer.block_start(req.block, 0)
+            self._apply(req, logits[None], req.block[None])
 
     def _draft(self, req: _Request) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's branch states ``[K, N]`` and parents ``[K]`` for the next pass (just its state at a block
@@ -405,6 +475,11 @@ class Decoder:
         self, reqs: list[_Request], drafts: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> list[tuple[torch.Tensor, FoldStats]]:
         """One verification pass over every request's branches: per request, logits ``[K_r, N, V]`` and stats."""
+        if self.bidirectional:
+            # NOTE: a window's rows differ in number between requests (prompt and suffix lengths), and every row sees
+            # every row: each request runs its own pass.
+            return [self._verify_window(req, states, parents) for req, (states, parents) in zip(reqs, drafts,
+                                                                                                strict=True)]
         if len(reqs) == 1:
             # NOTE: one request runs the single-request pass over its slot's cache (no ragged masking or padding).
             (states, parents), req = drafts[0], reqs[0]
@@ -419,13 +494,27 @@ class Decoder:
         result = self.verifier.verify_batch(batch)  # states [R, K, N], parents [R, K]
         return list(zip(result.logits, result.stats, strict=True))
 
+    def _verify_window(
+        self, req: _Request, states: torch.Tensor, parents: torch.Tensor
+    ) -> tuple[torch.Tensor, FoldStats]:
+        """A bidirectional family's pass: branch block states ``[K, N]`` inside the request's window, over its cache
+        slot; the block rows' logits ``[K, N, V]``."""
+        n = req.cfg.block_size
+        left, right = window_parts(req.prompt, req.generated, req.cfg.max_new_tokens, n, self.model.mask_id,
+                                   req.sequence.cache)
+        k = states.shape[0]
+        window = torch.cat([left.expand(k, -1), states, right.expand(k, -1)], dim=1)  # [K, W]
+        rows = slice(left.numel(), left.numel() + n)
+        result = self.verifier.verify(self.cache.slot(req.slot), window, parents, rows=rows)
+        return result.logits, result.stats
+
     def _apply(self, req: _Request, logits: torch.Tensor, states: torch.Tensor) -> None:
         """Apply a pass's logits ``[K, N, V]`` (over branch states ``[K, N]``) to the request's block."""
-        budget = self.rule.max_steps(req.cfg.block_size) - req.steps
+        budget = req.rule.max_steps(req.cfg.block_size) - req.steps
         try:
             out = apply_pass(
                 logits, states, req.block, req.gen_start, req.cfg, self.model.mask_id, self.model.stop_ids,
-                self.rule, budget, req.observer, req.steps,
+                req.rule, budget, req.observer, req.steps,
             )
         except NonFiniteLogits:
             raise NonFiniteLogits(
@@ -452,7 +541,7 @@ class Decoder:
             for req in pending:
                 req.stop_at = stop_reached(req.block, req.gen_start, mask_id, stop_id)
                 masked = bool((req.block == mask_id).any())
-                capped = req.steps >= self.rule.max_steps(n)
+                capped = req.steps >= req.rule.max_steps(n)
                 if req.stop_at is None and masked and not capped:
                     new = self._new_tokens(req)
                     if new:
@@ -472,6 +561,35 @@ class Decoder:
                 if group:
                     self._commit(group, guess)
             pending = to_write
+
+    def _settle_sequence(self, reqs: list[_Request], events: list[BatchEvent]) -> None:
+        """:meth:`_settle` for bidirectional families: a block is finished at a stop, or when its scheduled passes
+        ran (ML-GSAI), or when it has no mask (or reached the step cap) and, under a cache, had a pass after its
+        boundary forward; then the next block starts (:meth:`_start_block`)."""
+        n, mask_id, stop_id = self.cfg.block_size, self.model.mask_id, self.model.stop_ids
+        for req in reqs:
+            proto = req.sequence
+            while True:
+                req.stop_at = stop_reached(req.block, 0, mask_id, stop_id)
+                masked = bool((req.block == mask_id).any())
+                capped = req.steps >= req.rule.max_steps(n)
+                if proto.every_step:
+                    done = capped
+                else:
+                    done = (not masked or capped) and (req.passes >= 1 or not proto.cached)
+                if req.stop_at is None and not done:
+                    new = self._new_tokens(req)
+                    if new:
+                        events.append(BatchEvent(req.request_id, new))
+                    break
+                req.capped += int(req.stop_at is None and masked)
+                req.steps_per_block.append(req.steps)
+                end = n if req.stop_at is None else req.stop_at + 1
+                req.generated.extend(req.block[:end].tolist())
+                if req.stop_at is not None or len(req.generated) >= req.cfg.max_new_tokens:
+                    events.append(self._finish(req))
+                    break
+                self._start_block(req)
 
     def _commit(self, reqs: list[_Request], guess: bool) -> None:
         """Write the requests' finished blocks to their caches (one forward) and seed their next blocks; with

@@ -58,5 +58,10 @@ class TraceRecorder:
     def step(self, logits: torch.Tensor, next_state: torch.Tensor) -> None:
         trace = self.traces[-1]
         ctx = draft_context(logits, next_state, self.mask_id, self.small_block_size, self.max_vocab_rank)
+        if torch.equal(next_state, trace.states[-1]):
+            # a pass that unmasked nothing (LLaDA's zero-quota steps, the cached pass after a boundary forward that
+            # filled the block): no transition to draft, but the next one is drafted from these logits
+            trace.contexts[-1] = ctx
+            return
         trace.states.append(next_state.clone())
         trace.contexts.append(ctx)

@@ -10,6 +10,10 @@ the dense verifier ignores it, the folded one gates each row against its parent.
 ``verify_batch(batch)`` is the same pass for ``R`` requests at once (:class:`BatchBranches`): each request's
 branch blocks padded to ``K`` rows, each over its own prefix in a :class:`~specfold.model.cache.BatchCache`.
 Parents point inside the request; padding rows are copies of the request's main row (parent 0), never counted.
+
+``verify(..., rows=slice(a, b))``: the states are a *window* of ``W`` rows (a fully bidirectional family's block
+with the rows around it, :mod:`specfold.decoding.sequence`), run at positions ``cache.start ..`` over the cache;
+only rows ``a .. b-1`` get logits (``[K, b - a, V]``), read as :func:`window_logits` says.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from specfold.engine.stats import FoldStats
 from specfold.model.cache import BatchCache, PrefixCache
+from specfold.model.transformer import DLLM
 
 
 @dataclass
@@ -53,12 +58,26 @@ class BatchVerifyResult:
     stats: list[FoldStats]  # per request, over its real rows only
 
 
+def window_head(rows: slice) -> slice:
+    """The raw rows the LM head runs on for a window's logit rows ``rows``: one more before them (a shifted family
+    reads position ``i`` from row ``i - 1``), none before the window's first row."""
+    return slice(max(rows.start - 1, 0), rows.stop)
+
+
+def window_logits(net: DLLM, raw: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Position logits ``[K, b - a, V]`` of window rows ``rows = slice(a, b)`` from the raw rows ``[K, *, V]`` of
+    :func:`window_head` (shifted: position ``i`` from row ``i - 1``, the window's first row from itself, as
+    Fast-dLLM v1's Dream reads a window)."""
+    return net.sequence_logits(raw)[:, raw.shape[1] - (rows.stop - rows.start):]
+
+
 class Verifier(Protocol):
     def verify(
         self,
         cache: PrefixCache,
-        states: torch.Tensor,  # [K, N] long
+        states: torch.Tensor,  # [K, N] long (or [K, W]: a window, with rows)
         parents: torch.Tensor,  # [K] long, parents[0] = -1
+        rows: slice | None = None,  # a window's rows whose logits are returned (None: block states, all rows)
     ) -> VerifyResult: ...
 
     def verify_batch(self, batch: BatchBranches) -> BatchVerifyResult: ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
+from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult, window_head, window_logits
 from specfold.engine.stats import FoldStats
 from specfold.model.cache import PrefixCache
 from specfold.model.transformer import DLLM
@@ -26,9 +26,13 @@ class DenseVerifier:
     def verify(
         self,
         cache: PrefixCache,
-        states: torch.Tensor,  # [K, N]
+        states: torch.Tensor,  # [K, N] (or [K, W]: a window, with rows)
         parents: torch.Tensor,  # [K] (unused: every row is computed in full)
+        rows: slice | None = None,  # a window's rows whose logits are returned
     ) -> VerifyResult:
+        if rows is not None:
+            raw = self.net(states, cache, mask="bidirectional", logit_rows=window_head(rows), start=cache.start)
+            return VerifyResult(window_logits(self.net, raw, rows), FoldStats(rows=states.numel()))
         rows = states.shape[0] * states.shape[1]
         if self.compiled is None:
             raw = self.net(states, cache, mask="bidirectional")

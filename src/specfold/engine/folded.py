@@ -44,7 +44,7 @@ from dataclasses import replace
 
 import torch
 
-from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult
+from specfold.engine.base import BatchBranches, BatchVerifyResult, VerifyResult, window_head, window_logits
 from specfold.engine.cost import LayerCost, measure_machine
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded_layer import folded_layer
@@ -115,10 +115,11 @@ class FoldedVerifier:
     def verify(
         self,
         cache: PrefixCache,
-        states: torch.Tensor,  # [K, N]
+        states: torch.Tensor,  # [K, N] (or [K, W]: a window, with rows)
         parents: torch.Tensor,  # [K] long, parents[0] = -1
+        rows: slice | None = None,  # a window's rows whose logits are returned
     ) -> VerifyResult:
-        return self.run(cache, states, parents)[0]
+        return self.run(cache, states, parents, rows=rows)[0]
 
     @torch.no_grad()
     def run(
@@ -127,23 +128,30 @@ class FoldedVerifier:
         states: torch.Tensor,  # [K, N]
         parents: torch.Tensor,  # [K] long, parents[0] = -1
         trace: bool = False,
+        rows: slice | None = None,  # a window's rows whose logits are returned (base.window_logits)
     ) -> tuple[VerifyResult, FoldTrace | None]:
-        """The pass; with ``trace`` also every layer's tables (:class:`LayerTrace`)."""
+        """The pass; with ``trace`` also every layer's tables (:class:`LayerTrace`). A window pass (``rows``: a
+        bidirectional family's block among the rows around it, at positions ``cache.start ..``) also counts the
+        draft triples of the block's rows and those folded (``FoldStats.block_*``)."""
         net = self.net
         k, n = states.shape
+        head = None if rows is None else (k - 1) * (rows.stop - rows.start) * len(net.layers)  # block draft triples
         if k == 1 and not trace:  # no drafts: nothing can fold
-            return VerifyResult(self._dense.verify(cache, states, parents).logits, self._root_stats(n)), None
+            return VerifyResult(self._dense.verify(cache, states, parents, rows).logits, self._root_stats(n)), None
         par, checked = self._parents(parents[None])
         if not trace and self._dense_pass(k * n, n, cache.length):
-            logits = self._dense.verify(cache, states, parents).logits
-            return VerifyResult(logits, self._dense_stats(checked, n, [k])[0]), None
-        cos, sin, qscale = net.rope_tables(cache.length, n)
+            logits = self._dense.verify(cache, states, parents, rows).logits
+            stats = self._dense_stats(checked, n, [k])[0]
+            return VerifyResult(logits, stats if head is None else replace(stats, block_draft_triples=head)), None
+        cos, sin, qscale = net.rope_tables(cache.start, n)
         graph = BranchGraph.of(checked[0], net.device) if self.cfg.backend == "torch" else None
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par.reshape(-1), graph=graph)
         prefixes = [cache.layer(i) for i in range(len(net.layers))]
-        logits, counts, out = self.forward(states, ctx, prefixes, trace)
+        logits, counts, out = self.forward(states, ctx, prefixes, trace, rows=rows)
         stats = self._compile_cost(fold_stats_batch(counts, checked, n, [k]))[0]
         self._observe(stats)
+        if rows is not None:
+            stats = replace(stats, block_draft_triples=head, block_folded_triples=int(self._block_folded))
         return VerifyResult(logits, stats), out
 
     @torch.no_grad()
@@ -266,10 +274,12 @@ class FoldedVerifier:
         prefixes: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k [Hkv, P, D] or [R, Hkv, P, D], v alike)
         trace: bool = False,
         head_rows: torch.Tensor | None = None,  # [K'] long: branches whose logits are computed (default: all)
+        rows: slice | None = None,  # a window's rows whose logits are computed (base.window_logits)
     ) -> tuple[torch.Tensor, list[LayerCounts], FoldTrace | None]:
         """Embedding, the folded layers and the LM head: logits ``[K, N, V]`` (``[K', N, V]``) and the per-layer
         counts (device tensors). With the triton backend this issues no host sync (what
-        :mod:`specfold.engine.cuda_graphs` captures)."""
+        :mod:`specfold.engine.cuda_graphs` captures). For a window's ``rows``: logits ``[K, b - a, V]``, and the drafts'
+        folded (branch, block row, layer) triples left in ``self._block_folded`` (a device scalar)."""
         net = self.net
         k, n = states.shape
         h = torch.nn.functional.embedding(states.reshape(-1).to(net.device), net.embed)  # [K*N, E]
@@ -286,14 +296,20 @@ class FoldedVerifier:
                 plan_fn, layer_fn = self._fold.steps(ctx)
         graph = ctx.parents if ctx.graph is None else ctx.graph
         imposed = self._imposed(k, n)
+        block_folded = []
         for i, (layer, (pk, pv)) in enumerate(zip(net.layers, prefixes, strict=True)):
             plan = plan_fn(h.view(k, n, -1), graph, self.cfg.delta, None if imposed is None else imposed[i])
+            if rows is not None:
+                block_folded.append((~plan.recompute[1:, rows]).sum())
             h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.cfg, trace, self.cost)
             counts.append(c)
             if out is not None:
                 out.layers.append(info)
         with part("head"):
             h = h.view(k, n, -1)
+            if rows is not None:
+                self._block_folded = torch.stack(block_folded).sum()
+                return window_logits(net, net.logits(h[:, window_head(rows)]), rows), counts, out
             logits = net.position_logits(net.logits(h if head_rows is None else h[head_rows]))
         return logits, counts, out
 

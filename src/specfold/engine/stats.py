@@ -49,6 +49,11 @@ class FoldStats:
     ffn_folded_triples: int = 0  # of those, folded at the FFN gate (inherited FFN output)
     guard_fallbacks: int = 0  # folded rows the cancellation guard sent to direct attention
     corrected_rows: int = 0  # folded rows whose attention Eq. 8 corrected
+    # Window passes (a bidirectional family's block inside rows around it, specfold.decoding.sequence): the draft
+    # triples at the block's rows and those folded at the attention gate; the rest of draft_triples /
+    # folded_triples are the context rows (the masked suffix; without a cache also the prompt and finished blocks).
+    block_draft_triples: int = 0
+    block_folded_triples: int = 0
     folded_by_layer: tuple[int, ...] = ()  # [L] draft rows folded at the attention gate
     draft_by_layer: tuple[int, ...] = ()  # [L] draft rows
     recomputed_by_layer: tuple[int, ...] = ()  # [L] rows (main included) whose Q/K/V were computed
@@ -68,6 +73,13 @@ class FoldStats:
             raise ValueError(f"unknown gate {gate!r}; available: {', '.join(GATES)}")
         folded = self.folded_triples if gate == "attention" else self.ffn_folded_triples
         return folded / self.draft_triples if self.draft_triples else None
+
+    def window_fold_ratios(self) -> tuple[float | None, float | None]:
+        """Attention-gate fold ratios of window passes: (block rows, context rows); None where nothing was
+        drafted."""
+        block, ctx = self.block_draft_triples, self.draft_triples - self.block_draft_triples
+        folded_ctx = self.folded_triples - self.block_folded_triples
+        return (self.block_folded_triples / block if block else None, folded_ctx / ctx if ctx else None)
 
     def to_dict(self) -> dict[str, float]:
         """The flat JSON of records and ``--json`` outputs: ``rows``; after a folded pass also the totals,
@@ -93,6 +105,13 @@ class FoldStats:
         for key in ("folded_triples", "ffn_folded_triples", "guard_fallbacks", "corrected_rows", "dense_layers",
                     "dense_passes", "layers"):
             out[key] = float(getattr(self, key))
+        if self.block_draft_triples:
+            block, ctx = self.window_fold_ratios()
+            out["block_draft_triples"] = float(self.block_draft_triples)
+            out["block_folded_triples"] = float(self.block_folded_triples)
+            out["fold_ratio_block"] = float(block)
+            if ctx is not None:
+                out["fold_ratio_context"] = float(ctx)
         return out
 
 
