@@ -66,7 +66,7 @@ def test_triton_decode_at_delta_zero_is_token_identical(family, tmp_path, device
         assert getattr(got.engine_stats, key) == getattr(ref.engine_stats, key), key
 
 
-@pytest.mark.parametrize("family", ["fast_dllm_v2", "nld"])  # SDAR batched: 34 s in the interpreter
+@pytest.mark.parametrize("family", ["fast_dllm_v2", "nld", pytest.param("sdar", marks=pytest.mark.slow)])  # 34 s
 def test_triton_batch_decode_at_delta_zero_is_vanilla_and_equals_torch(family, tmp_path, device):
     """decode_batch with the triton backend: three prompts of different lengths (one not block-aligned, one longer
     than a block) through a batch of two with refill — every request's tokens are vanilla's, and its per-request
