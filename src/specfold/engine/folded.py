@@ -299,9 +299,10 @@ class FoldedVerifier:
         block_folded = []
         for i, (layer, (pk, pv)) in enumerate(zip(net.layers, prefixes, strict=True)):
             plan = plan_fn(h.view(k, n, -1), graph, self.cfg.delta, None if imposed is None else imposed[i])
-            if rows is not None:
-                block_folded.append((~plan.recompute[1:, rows]).sum())
             h, c, info = layer_fn(layer, h, plan, ctx, pk, pv, self.cfg, trace, self.cost)
+            if rows is not None:  # a layer the cost rule ran dense folded nothing
+                block_folded.append(torch.zeros((), dtype=torch.long, device=h.device) if c.dense is True
+                                    else (~plan.recompute[1:, rows]).sum())
             counts.append(c)
             if out is not None:
                 out.layers.append(info)
