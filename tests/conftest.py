@@ -14,6 +14,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite in one process per core (pytest-xdist): one intra-op thread each, for torch here and
+    # for the subprocesses tests start (the CLI, the server), so that the workers do not spin against each other.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 from specfold.model.random_checkpoint import write_random_checkpoint
 
 

@@ -87,7 +87,7 @@ class GraphedVerifier:
         return VerifyResult(cap.logits.clone(), fold_stats(cap.counts, cap.parents, n))
 
     def _load(self, cap: _Captured, cache: PrefixCache, states: torch.Tensor, parents: torch.Tensor) -> None:
-        cos, sin, qscale = self.folded.net.rope_tables(cache.length, states.shape[1])
+        cos, sin, qscale = self.folded.net.rope_tables(cache.start, states.shape[1])
         cap.states.copy_(states, non_blocking=True)
         cap.parents.copy_(parents, non_blocking=True)
         cap.cos.copy_(cos)
@@ -99,7 +99,7 @@ class GraphedVerifier:
     def _capture(self, cache: PrefixCache, states: torch.Tensor, parents: torch.Tensor, bucket: int) -> _Captured:
         net = self.folded.net
         dev = net.device
-        cos, sin, qscale = net.rope_tables(cache.length, states.shape[1])
+        cos, sin, qscale = net.rope_tables(cache.start, states.shape[1])
         static = dict(
             states=states.to(dev, torch.long).clone(), parents=parents.to(dev, torch.long).clone(),
             cos=cos.clone(), sin=sin.clone(), qscale=None if qscale is None else qscale.clone(),
