@@ -1,4 +1,5 @@
-# One venv, made by this file. `make demo` runs the main job; `make test` runs the tests.
+# One venv, made by this file. `make demo` runs the main job; `make test` runs the tests (one pytest-xdist worker per
+# core, a test file per worker so module fixtures are built once; a single `pytest tests/x.py` runs in one process).
 # pyproject.toml states the supported version ranges; constraints.txt pins what CI installs (reproducible venvs).
 PYTHON ?= python3
 VENV ?= .venv
@@ -26,7 +27,7 @@ demo: venv
 	$(PY) -m specfold.cli demo
 
 test: venv
-	SPECFOLD_REQUIRE_LM_EVAL=1 $(PY) -m pytest
+	SPECFOLD_REQUIRE_LM_EVAL=1 $(PY) -m pytest -n auto --dist loadfile
 
 lint: venv
 	$(PY) -m ruff check src tests
