@@ -62,6 +62,10 @@ class BatchPoint:
     fold_ratio: float | None  # attention gate, over every request's passes; None without folding
     agreement: float | None  # fraction of requests with the method's batch-1 tokens; None without R = 1 in the grid
     repeats: int
+    # LLaDA / Dream windows (specfold.decoding.sequence): the fold ratio at the block's rows and at the rows around
+    # it (the masked suffix; without a cache also the prompt and finished blocks); None without window passes
+    fold_ratio_block: float | None = None
+    fold_ratio_context: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -114,13 +118,14 @@ def bench_batch(
             tokens = sum(x.generated_tokens for x in results)
             agree = (sum(a.token_ids == b.token_ids for a, b in zip(results, base, strict=True)) / len(results)
                      if base is not None else None)
+            block, context = stats.window_fold_ratios()
             points.append(BatchPoint(
                 method=name, batch_size=r, requests=len(results), generated_tokens=tokens, wall_seconds=wall,
                 wall_spread=reps[-1][0] - reps[0][0], tokens_per_second=tokens / wall,
                 latency_p50=percentile(lat, 50), latency_p95=percentile(lat, 95),
                 latency_mean=statistics.fmean(lat), nfe=sum(x.nfe for x in results),
                 accepted_drafts=sum(x.accepted_drafts for x in results),
-                fold_ratio=stats.fold_ratio(), agreement=agree,
+                fold_ratio=stats.fold_ratio(), agreement=agree, fold_ratio_block=block, fold_ratio_context=context,
                 repeats=len(reps),
             ))
     return points

@@ -11,6 +11,7 @@ from specfold.cli.common import (
     DTYPE_CHOICES,
     Parser,
     UsageError,
+    add_cache_arg,
     choices,
     delta_list,
     delta_type,
@@ -119,6 +120,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=choices(Backend), default="torch", help="specfold engine backend")
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="generation budget (default 64)")
     p.add_argument("--threshold", type=threshold_type, default=0.9)
+    p.add_argument("--block-size", type=positive_int, default=None, help="block length (default: the model's)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="a quota rule's passes (SDAR: per block; LLaDA: of the whole generation)")
+    add_cache_arg(p)
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--repeats", type=positive_int, default=1, help="interleaved rounds of the grid (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per grid point")
@@ -276,7 +281,8 @@ def run_batch(args: argparse.Namespace) -> int:
         model = random_shape_model(args.shape, args.layers, args.vocab, parse_dtype(args.dtype))
         prompts = held_out_prompts(text_model, tasks, args.prompts, model.config.vocab_size)
         graph = EMBEDDED_DIR / "draft_graph.json"
-    cfg = decode_config_for(model, args.max_new_tokens, args.threshold, None, "auto", None)
+    cfg = decode_config_for(model, args.max_new_tokens, args.threshold, args.block_size, "auto", None, args.steps,
+                            cache=args.cache)
     if graph is not None:
         graph = shape_graph(cfg.block_size)  # the embedded graph, or one within a shorter block (SDAR)
     methods = {}
@@ -299,7 +305,9 @@ def run_batch(args: argparse.Namespace) -> int:
         for pt in points:
             print(json.dumps({"model": label, "dtype": args.dtype, "delta": args.delta, **pt.as_dict()}))
         return 0
-    print(f"{label}, {args.dtype}, {len(prompts)} prompts, max {args.max_new_tokens} new tokens, delta {args.delta}")
+    print(f"{label}, {args.dtype}, {len(prompts)} prompts, max {args.max_new_tokens} new tokens, delta {args.delta}"
+          + "".join(f", {k} {v}" for k, v in (("block", cfg.block_size), ("steps", cfg.steps), ("cache", cfg.cache))
+                    if v is not None))
     base = {(p.method, p.batch_size): p for p in points}
     print(f"{'R':>3} {'method':<9} {'tok/s':>8} {'vs R=1':>7} {'vs spiffy':>9} {'p50 s':>7} {'p95 s':>7} "
           f"{'NFE':>6} {'acc':>5} {'fold':>5} {'agree':>6}")
@@ -310,6 +318,9 @@ def run_batch(args: argparse.Namespace) -> int:
         vs_one = "-" if one is None else f"{p.tokens_per_second / one.tokens_per_second:.2f}"
         vs_spiffy = "-" if sp is None else f"{p.tokens_per_second / sp.tokens_per_second:.2f}"
         agree = "-" if p.agreement is None else f"{p.agreement:.2f}"
+        window = "" if p.fold_ratio_block is None else f"  (fold: block rows {p.fold_ratio_block:.2f}, " + (
+            "-" if p.fold_ratio_context is None else f"context rows {p.fold_ratio_context:.2f}") + ")"
         print(f"{p.batch_size:>3} {p.method:<9} {p.tokens_per_second:>8.1f} {vs_one:>7} {vs_spiffy:>9} "
-              f"{p.latency_p50:>7.2f} {p.latency_p95:>7.2f} {p.nfe:>6} {p.accepted_drafts:>5} {fr:>5} {agree:>6}")
+              f"{p.latency_p50:>7.2f} {p.latency_p95:>7.2f} {p.nfe:>6} {p.accepted_drafts:>5} {fr:>5} {agree:>6}"
+              f"{window}")
     return 0
