@@ -166,8 +166,25 @@ METHOD_OPTIONS: dict[str, tuple[MethodName, ...]] = {
 }
 # NOTE: off unless asked for: on this project's CPUs torch.compile of the embedded model's forwards costs tens of
 # seconds per process (tracing; inductor's disk cache only saves the C++ builds), more than a demo's whole decode
-# (docs/results.md, "Compiled forwards").
+# (docs/results.md, "Compiled forwards"). The long-running commands (eval, sweep, bench batch) turn it on when the
+# run's planned token budget is large enough for the faster passes to repay the compile (:func:`compile_pays`).
 DEFAULT_COMPILE = False
+# Planned tokens (requests x max_new_tokens, every method and repeat) from which compiling pays. Measured on the
+# AVX2 EPYC (fp32, one thread, embedded model, docs/results.md): ~40 s of compiling on a quiet machine with a warm
+# inductor cache, dense passes 1.37x faster, ~60 tokens/s eager: break-even after ~150 s of eager decoding, ~9 000
+# generated tokens; the synthetic tasks stop after about a third of a 64-token budget (27 000 planned), and a cold
+# cache or a loaded machine doubles the compile: 50 000.
+COMPILE_MIN_TOKENS = 50_000
+
+
+def compile_pays(planned_tokens: int) -> bool:
+    """Whether a run that plans ``planned_tokens`` (requests x ``max_new_tokens``, summed over its methods and
+    repeats) is long enough for compiled forwards to repay their compile (:data:`COMPILE_MIN_TOKENS`).
+
+    >>> compile_pays(48 * 64 * 3 * 13), compile_pays(6 * 64)
+    (True, False)
+    """
+    return planned_tokens >= COMPILE_MIN_TOKENS
 
 
 def check_delta(delta: Any, name: str = "delta") -> float:

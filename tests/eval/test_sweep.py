@@ -109,3 +109,25 @@ def test_cli_delta_sweep_then_plot(text_ckpt: Path, tmp_path: Path, capsys):
 def test_cli_sweep_refuses_fixing_the_swept_parameter(text_ckpt: Path, capsys):
     code = main(["sweep", "budget", "--model", str(text_ckpt), "--tasks", "synth-math", "--budget", "3"])
     assert code == 2 and "varies B" in capsys.readouterr().err
+
+
+def test_sweep_compile_reaches_every_method(text_ckpt: Path, tmp_path: Path, monkeypatch, capsys):
+    """``sweep --compile`` compiles every grid point's method (it used to be accepted and ignored); the labels and
+    resume keys do not change with it."""
+    import specfold.eval.sweep as sweep
+
+    on, off = sweep_methods("delta", [0.1, 0.3], compile=True), sweep_methods("delta", [0.1, 0.3])
+    assert all(m.compiled for m in on) and not any(m.compiled for m in off)
+    assert [(m.label, m.params) for m in on] == [(m.label, m.params) for m in off]
+    seen, original = {}, sweep.run_sweep
+
+    def run(*args, **kwargs):  # what the CLI passes, then the sweep itself eager (compiling is test_compiled's)
+        seen["compile"] = kwargs["compile"]
+        return original(*args, **{**kwargs, "compile": False})
+
+    monkeypatch.setattr(sweep, "run_sweep", run)
+    argv = ["sweep", "delta", "--model", str(text_ckpt), "--tasks", "synth-math", "--limit", "1", "--grid", "0.2",
+            "--max-new-tokens", "8", "--block-size", "8", "--out", str(tmp_path / "d.jsonl"), "--compile"]
+    assert main(argv) == 0 and seen["compile"] is True
+    assert main([*argv[:-1], "--no-compile", "--overwrite"]) == 0 and seen["compile"] is False
+    capsys.readouterr()

@@ -66,6 +66,9 @@ class BatchPoint:
     # it (the masked suffix; without a cache also the prompt and finished blocks); None without window passes
     fold_ratio_block: float | None = None
     fold_ratio_context: float | None = None
+    dense_passes: int = 0  # passes with drafts the per-pass rule ran dense (median-wall repeat)
+    compiled_graphs: int = 0  # graphs torch.compile built for this method in the whole run (warm-up included)
+    compile_seconds: float = 0.0  # and the wall seconds of the passes that built them
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -93,8 +96,10 @@ def bench_batch(
     if not prompts:
         raise ValueError("the batch benchmark needs at least one prompt")
     top = max(bench.batch_sizes)
-    for m in methods.values():
-        decode_batch(model, [list(p) for p in prompts[:top]], cfg, m, max_batch=top)
+    compiled: dict[str, FoldStats] = {}  # per method, what its passes compiled (the warm-up pays nearly all of it)
+    for name, m in methods.items():
+        warm = decode_batch(model, [list(p) for p in prompts[:top]], cfg, m, max_batch=top)
+        compiled[name] = sum((x.engine_stats for x in warm), FoldStats())
     runs: dict[tuple[str, int], list[tuple[float, list[GenerationResult]]]] = {}
     total, done = bench.repeats * len(bench.batch_sizes) * len(methods), 0
     for _ in range(bench.repeats):
@@ -103,6 +108,7 @@ def bench_batch(
                 queue = [list(p) for p in prompts]
                 results, wall = timed(partial(decode_batch, model, queue, cfg, m, max_batch=r), model.net.device)
                 runs.setdefault((name, r), []).append((wall, results))
+                compiled[name] = sum((x.engine_stats for x in results), compiled[name])
                 done += 1
                 if progress is not None:
                     tokens = sum(x.generated_tokens for x in results)
@@ -126,7 +132,8 @@ def bench_batch(
                 latency_mean=statistics.fmean(lat), nfe=sum(x.nfe for x in results),
                 accepted_drafts=sum(x.accepted_drafts for x in results),
                 fold_ratio=stats.fold_ratio(), agreement=agree, fold_ratio_block=block, fold_ratio_context=context,
-                repeats=len(reps),
+                repeats=len(reps), dense_passes=stats.dense_passes,
+                compiled_graphs=compiled[name].compiled_graphs, compile_seconds=compiled[name].compile_seconds,
             ))
     return points
 

@@ -13,6 +13,7 @@ from specfold.cli.common import (
     UsageError,
     add_cache_arg,
     choices,
+    choose_compile,
     delta_list,
     delta_type,
     float_list,
@@ -62,10 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", choices=choices(Backend), default="torch")
     p.add_argument("--json", action="store_true", help="one JSON object per line (the last line is the last run)")
-    p.set_defaults(func=run)
     p.add_argument("--compile", action="store_true",
                    help="also time the compiled folded layer and the compiled rows limit (torch.compile; the first "
                    "calls, which compile, are timed apart)")
+    p.set_defaults(func=run)
 
     p = bench_sub.add_parser(
         "pass",
@@ -92,10 +93,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (1 is steadiest)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.set_defaults(func=run_pass)
     p.add_argument("--compile", action="store_true",
                    help="also time the compiled folded pass, the compiled dense pass and the compiled rows limit "
                    "(torch.compile; the first calls, which compile, are timed apart)")
+    p.set_defaults(func=run_pass)
 
     p = bench_sub.add_parser(
         "batch",
@@ -128,7 +129,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=1, help="interleaved rounds of the grid (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per grid point")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="the dense forwards under torch.compile (default off; see specfold.config.DEFAULT_COMPILE)")
+                   help="the dense forwards under torch.compile (default: on when the run plans enough tokens to "
+                   "repay the compile, see specfold.config.compile_pays)")
     p.set_defaults(func=run_batch)
 
     p = bench_sub.add_parser(
@@ -285,6 +287,8 @@ def run_batch(args: argparse.Namespace) -> int:
                             cache=args.cache)
     if graph is not None:
         graph = shape_graph(cfg.block_size)  # the embedded graph, or one within a shorter block (SDAR)
+    runs = 1 + bench.repeats * len(bench.batch_sizes)  # the warm-up, then the grid
+    choose_compile(args, len(prompts) * args.max_new_tokens * len(args.methods) * runs)
     methods = {}
     for name in args.methods:
         options = {"delta": args.delta, "backend": args.backend} if name == "specfold" else {}
@@ -323,4 +327,8 @@ def run_batch(args: argparse.Namespace) -> int:
         print(f"{p.batch_size:>3} {p.method:<9} {p.tokens_per_second:>8.1f} {vs_one:>7} {vs_spiffy:>9} "
               f"{p.latency_p50:>7.2f} {p.latency_p95:>7.2f} {p.nfe:>6} {p.accepted_drafts:>5} {fr:>5} {agree:>6}"
               f"{window}")
+    compiled = {p.method: p for p in points if p.compiled_graphs}
+    if compiled:  # the forwards are shared: the first method to run pays for the graphs
+        print("compiled: " + ", ".join(f"{m} {p.compiled_graphs} graphs in {p.compile_seconds:.1f} s"
+                                       for m, p in compiled.items()))
     return 0

@@ -180,6 +180,20 @@ def resolve_dtype(args: argparse.Namespace, device: str = "cpu") -> str:
     return args.dtype
 
 
+def choose_compile(args: argparse.Namespace, planned_tokens: int) -> bool:
+    """``--compile`` / ``--no-compile`` as given; left unset, on when the run plans enough tokens to repay the
+    compile (:func:`specfold.config.compile_pays`), the choice and its reason said in one line on stderr.
+    ``args.compile`` is replaced by the choice."""
+    if args.compile is None:
+        from specfold.config import COMPILE_MIN_TOKENS, compile_pays
+
+        args.compile = compile_pays(planned_tokens)
+        if args.compile:
+            print(f"specfold: compiling the dense forwards: the run plans {planned_tokens} tokens (>= "
+                  f"{COMPILE_MIN_TOKENS}; --no-compile to run eager)", file=sys.stderr)
+    return args.compile
+
+
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=positive_int, default=256, help="generation budget (default 256)")
@@ -247,8 +261,9 @@ METHOD_HELP = {
     "ffn": "specfold FFN reuse: 'residual' gates the FFN on its own input (exact at delta 0, default); 'paper' "
     "reuses it on the layer's folded set as the paper does (not exact at delta 0)",
     "compile": "run the dense forwards (vanilla, spiffy, specfold's dense passes) under torch.compile with dynamic "
-    "shapes; --no-compile: eager (default: eager, as compiling costs tens of seconds per process on a CPU; the "
-    "compile seconds and graphs are reported in the statistics)",
+    "shapes; --no-compile: eager (default: eval, sweep and bench batch compile when the run plans enough tokens to "
+    "repay the compile, specfold.config.compile_pays; everything else runs eager, as compiling costs tens of seconds "
+    "per process on a CPU; the compile seconds and graphs are reported in the statistics)",
     "attention": "specfold folded-row attention: 'auto' = per layer the cheaper of the two by the engine's cost rule "
     "(default); 'correct' = Eq. 8 from the source's softmax state; 'direct' = every row over its branch's own K/V in "
     "one batched call (same result)",

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from specfold.cli.common import (
@@ -16,6 +17,7 @@ from specfold.cli.common import (
     add_overwrite_arg,
     add_quota_args,
     check_outputs,
+    choose_compile,
     evalplus_samples,
     load_from_args,
     method_config,
@@ -104,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
     check_plan(plan)  # before loading: a task or method twice, a shard outside the shards
     for task in plan.tasks:  # a missing benchmark (no --data-dir, no hub) fails now, not after loading the model
         load_task(task, plan.split, 1, plan.data_dir)
+    if args.compile is None:  # compile when the run is long enough to repay it
+        samples = sum(len(load_task(task, plan.split, plan.limit, plan.data_dir).samples) for task in plan.tasks)
+        choose_compile(args, samples * len(specs) * plan.max_new_tokens // num_shards)
+        plan.methods = specs = [replace(spec, compile=args.compile) for spec in specs]
     if out is not None:
         check_records_output(out)  # anything but eval records is refused here, the file unchanged
     model = load_from_args(args)

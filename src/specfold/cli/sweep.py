@@ -15,6 +15,7 @@ from specfold.cli.common import (
     add_overwrite_arg,
     add_quota_args,
     check_outputs,
+    choose_compile,
     load_from_args,
     method_config,
     number_list,
@@ -70,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from specfold.eval.sweep import check_grid, format_sweep, run_sweep, sweep_summary
+    from specfold.eval.harness import load_task
+    from specfold.eval.sweep import check_grid, format_sweep, run_sweep, sweep_methods, sweep_summary
 
     if args.kind == "budget" and args.budget is not None:
         raise UsageError("a budget sweep varies B itself; use --grid to choose the values")
@@ -83,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     check_records_output(out)  # anything but eval records is refused here, the file unchanged
     if args.grid is not None:
         check_grid(args.kind, args.grid)
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    samples = sum(len(load_task(task, args.split, args.limit, data_dir).samples) for task in args.tasks)
+    points = len(sweep_methods(args.kind, args.grid, args.budget, args.delta))
+    choose_compile(args, samples * points * args.max_new_tokens // max(args.num_shards, 1))
     model = load_from_args(args)
     bar = None
 
@@ -103,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         budget=args.budget,
         delta=args.delta,
         fold=method_config(args, "specfold").fold,  # its backend, FFN reuse and attention (δ is the sweep's)
+        compile=args.compile,
         overwrite=args.overwrite,
         split=args.split,
         limit=args.limit,

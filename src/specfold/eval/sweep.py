@@ -72,12 +72,14 @@ def sweep_methods(
     budget: int | None = None,
     delta: float | None = None,
     fold: FoldConfig | None = None,
+    compile: bool | None = None,
 ) -> list[MethodConfig]:
     """The methods of a sweep: vanilla, the spiffy reference point(s), then specfold at every grid point.
 
     ``budget`` is B of the delta/depth sweeps (default 7), ``delta`` the δ of the budget/depth sweeps (0.1); a value
     that the sweep itself varies is rejected. ``fold`` gives specfold's backend, FFN reuse and attention (its δ is
-    the sweep's)."""
+    the sweep's). ``compile``: every method's dense forwards compiled (``MethodConfig.compile``; None = the
+    default)."""
     values = check_grid(kind, DEFAULT_GRIDS[kind] if grid is None else grid)
     if kind == "budget" and budget is not None:
         raise ValueError("a budget sweep varies B itself; do not also fix --budget")
@@ -86,9 +88,10 @@ def sweep_methods(
     b = SWEEP_BUDGET if budget is None else budget
     d = SWEEP_DELTA if delta is None else delta
     f = fold or FoldConfig()
-    spiffy = partial(MethodConfig, MethodName.SPIFFY)
-    specfold = partial(MethodConfig, MethodName.SPECFOLD, backend=f.backend, ffn=f.ffn, attention=f.attention)
-    specs = [MethodConfig(MethodName.VANILLA)]
+    spiffy = partial(MethodConfig, MethodName.SPIFFY, compile=compile)
+    specfold = partial(MethodConfig, MethodName.SPECFOLD, backend=f.backend, ffn=f.ffn, attention=f.attention,
+                       compile=compile)
+    specs = [MethodConfig(MethodName.VANILLA, compile=compile)]
     if kind == "delta":
         specs.append(spiffy(budget=b))
         specs += [specfold(budget=b, delta=float(v)) for v in values]
@@ -112,16 +115,17 @@ def run_sweep(
     budget: int | None = None,
     delta: float | None = None,
     fold: FoldConfig | None = None,
+    compile: bool | None = None,
     overwrite: bool = False,
     **plan_options: Any,
 ) -> list[dict[str, Any]]:
     """Run (or resume) one sweep and return all its records (old and new); ``overwrite`` starts ``out`` afresh.
-    ``budget``, ``delta`` and ``fold`` are as for :func:`sweep_methods`.
+    ``budget``, ``delta``, ``fold`` and ``compile`` are as for :func:`sweep_methods`.
 
     ``plan_options`` are the other :class:`EvalPlan` fields (``limit``, ``split``, ``max_new_tokens``, ``threshold``,
     ``block_size``, ``small_block_size``, ``steps``, ``strategy``, ``num_shards``, ``shard_id``, ``chat``,
     ``data_dir``)."""
-    specs = sweep_methods(kind, grid, budget, delta, fold)
+    specs = sweep_methods(kind, grid, budget, delta, fold, compile)
     fixed = {"kind": kind, "budget": None, "delta": None}
     if kind != "budget":
         fixed["budget"] = SWEEP_BUDGET if budget is None else budget
