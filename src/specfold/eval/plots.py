@@ -1,6 +1,7 @@
 """Figures of the sweeps (the paper's Fig. 4, 5 and 8) from sweep records or their summary.
 
-* ``delta``  — accuracy vs tokens/s per task, one point per δ (labelled), vanilla and spiffy as reference points;
+* ``delta``  — accuracy vs tokens/s per task, one point per δ, vanilla and spiffy as reference points; points that
+  would overprint share one label listing their δs;
 * ``budget`` — tokens/s gain over vanilla vs draft budget B, spiffy and specfold;
 * ``depth``  — tokens/s gain over vanilla vs the draft graph's depth cap, spiffy and specfold.
 
@@ -33,6 +34,9 @@ COLORS = {"vanilla": "black", "spiffy": "tab:orange", "specfold": "tab:blue"}
 SUBPLOT_INCHES = (4.6, 3.6)
 MIN_WIDTH_INCHES = 5.5
 MAX_COLUMNS = 3
+LABEL_CLUSTER = 0.04  # δ points within this share of both axes' spans share one label (else they overprint)
+LABEL_OFFSETS = (7, -13, 17, -23, 27, -33)  # label heights over / under a δ point (points), tried in turn
+LABEL_CHAR_POINTS = 4.3  # width of one character of a 7-point label (points)
 
 
 def _figure(n_tasks: int, title: str):
@@ -49,14 +53,47 @@ def _figure(n_tasks: int, title: str):
     return fig, axes
 
 
+def _label_clusters(xs: list[float], ys: list[float], span: tuple[float, float]) -> list[list[int]]:
+    """Indices of points grouped so that labels do not overprint: walking the points by ``x``, a point joins the
+    current group while it lies within :data:`LABEL_CLUSTER` of both axes' ``span`` from the group's first point."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(xs)), key=lambda j: (xs[j], ys[j])):
+        if groups:
+            first = groups[-1][0]
+            if (abs(xs[i] - xs[first]) <= LABEL_CLUSTER * span[0]
+                    and abs(ys[i] - ys[first]) <= LABEL_CLUSTER * span[1]):
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def _delta_labels(ax, pts: list[dict[str, Any]], xs: list[float], ys: list[float]) -> None:
+    """δ labels that do not overprint: points closer than :data:`LABEL_CLUSTER` share one label; each label takes
+    the first of :data:`LABEL_OFFSETS` (points above / below its point) where it overlaps no label placed before."""
+    ax.autoscale_view()
+    lim = ax.dataLim
+    span = (lim.width or abs(lim.x0) or 1.0, lim.height or abs(lim.y0) or 1.0)
+    placed: list[tuple[float, float, float]] = []  # (left, right, vertical offset) in points along x
+    to_points = ax.transData.transform
+    for group in _label_clusters(xs, ys, span):
+        text = ", ".join(f"{pts[i]['delta']:g}" for i in sorted(group, key=lambda i: pts[i]["delta"]))
+        x, y = sum(xs[i] for i in group) / len(group), sum(ys[i] for i in group) / len(group)
+        centre = to_points((x, y))[0] * 72 / ax.figure.dpi
+        half = LABEL_CHAR_POINTS * len(text) / 2
+        free = [dy for dy in LABEL_OFFSETS
+                if not any(dy == q and centre - half < right and left < centre + half for left, right, q in placed)]
+        dy = free[0] if free else LABEL_OFFSETS[len(placed) % len(LABEL_OFFSETS)]
+        placed.append((centre - half, centre + half, dy))
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, dy), ha="center", fontsize=7)
+
+
 def _delta_panel(ax, entry: dict[str, Any]) -> None:
     pts = [p for p in entry["specfold"] if p.get("delta") is not None]
+    xs = [p["tokens_per_second"] for p in pts]
+    ys = [100 * p["accuracy"] for p in pts]
     if pts:
-        xs = [p["tokens_per_second"] for p in pts]
-        ys = [100 * p["accuracy"] for p in pts]
         ax.plot(xs, ys, "o-", color=COLORS["specfold"], label="SpecFold (δ)")
-        for p, x, y in zip(pts, xs, ys, strict=True):
-            ax.annotate(f"{p['delta']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     for p in entry["spiffy"]:
         shown = ", ".join(f"{short}={p[k]}" for k, short in (("budget", "B"), ("depth", "D")) if k in p)
         ax.plot(p["tokens_per_second"], 100 * p["accuracy"], "s", ms=8, color=COLORS["spiffy"],
@@ -64,6 +101,8 @@ def _delta_panel(ax, entry: dict[str, Any]) -> None:
     if entry["vanilla"]:
         v = entry["vanilla"]
         ax.plot(v["tokens_per_second"], 100 * v["accuracy"], "*", ms=12, color=COLORS["vanilla"], label="vanilla")
+    if pts:
+        _delta_labels(ax, pts, xs, ys)
     ax.set_xlabel("tokens / s")
     ax.set_ylabel("accuracy (%)")
 
