@@ -2,26 +2,111 @@
 model (fp32) for every method, batch-1 and batched, δ = 0 specfold token-identical to vanilla, and a bound on the
 graphs compiled while the prefix length and branch counts change. The compile itself is the cost (tens of seconds
 per process on a CPU: 25 minutes did not finish every method batch-1 and batched on a loaded 2-core AVX2 EPYC),
-so the default tier compiles vanilla's batch-1 forward only; every method, batched, and 51 prompts are marked
-slow."""
+so the default tier compiles a two-layer random checkpoint (its logits within fp32 reassociation of eager at many
+prefix lengths and branch counts, batch-1 and ragged, with at most :data:`SMALL_GRAPH_BOUND` graphs) and decides
+the CLI's compile default; the embedded model's every method, batched, and 51 prompts are marked slow."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
+import torch
 
 from specfold.api import decode_config_for, encode_prompt, prepare_method
 from specfold.config import MethodConfig
 from specfold.decoding.core import BatchMethod
 from specfold.decoding.decoder import decode, decode_batch
+from specfold.engine.base import BatchBranches
 from specfold.engine.compiled import compiled_forwards, graphs_compiled
+from specfold.engine.dense import DenseVerifier
 from specfold.eval.tasks.synthetic import TASKS, load_split
-from specfold.model.loading import load_model
+from specfold.model.cache import BatchCache
+from specfold.model.loading import load_checkpoint, load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # graphs for the whole module: batch-1 and ragged forwards, each a few dynamic graphs plus the pieces between its
 # graph breaks (host reads); what matters is that it does not grow with the prompts, prefix lengths or branches
 GRAPH_BOUND = 24
+# the two-layer checkpoint's ragged forward over 5..70-token prefixes and 1..5 branches: a dynamic graph plus the
+# pieces around its graph breaks (host reads), each specialised at most once more for a size of 1
+SMALL_GRAPH_BOUND = 8
+FP32_LOGITS = 1e-4  # |compiled - eager| on logits of magnitude ~1-10: fp32 reassociation, not a different sum
+
+
+@pytest.fixture(params=["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def backend(request, monkeypatch):
+    """torch.compile's backend: dynamo's ``eager`` (the same graphs and graph counts, no C++ build: the default tier)
+    or ``inductor`` (what users run; 30 min on the loaded 2-core AVX2 EPYC for the two-layer checkpoint, slow)."""
+    from specfold.engine import compiled
+
+    monkeypatch.setattr(compiled, "BACKEND", request.param)
+    return request.param
+
+
+def test_compiled_dense_passes_match_eager_with_bounded_graphs(fd_ckpt, backend):
+    """Prefix lengths 2..70 and 1..8 branches (batch-1 passes): the compiled forward gives eager's logits (fp32
+    reassociation) and their argmax, and it compiles two graphs (K >= 2, then K = 1's specialisation) however many
+    shapes follow (~9 s of CPU with dynamo's eager backend)."""
+    _, cfg, net = load_checkpoint(fd_ckpt, dtype=torch.float32)
+    eager, compiled = DenseVerifier(net), DenseVerifier(net, compile=True)
+    gen = torch.Generator().manual_seed(0)
+    n, start = 32, graphs_compiled()
+    for prefix, k in [(13, 3), (40, 1), (2, 8), (70, 5), (29, 1)]:
+        cache = net.new_cache(128)
+        net(torch.randint(0, 299, (prefix,), generator=gen)[None], cache, mask="causal", write_cache=True)
+        states = torch.randint(0, 299, (k, n), generator=gen)
+        want = eager.verify(cache, states, None).logits
+        got = compiled.verify(cache, states, None).logits
+        assert (got - want).abs().max().item() < FP32_LOGITS, (prefix, k)
+        assert torch.equal(got.argmax(-1), want.argmax(-1)), (prefix, k)
+        if (prefix, k) == (40, 1):
+            after_two = graphs_compiled()
+    assert graphs_compiled() == after_two  # the last three shapes compiled nothing
+    forwards = compiled_forwards(net)
+    assert 0 < forwards.graphs == graphs_compiled() - start <= 2 and forwards.compile_seconds > 0
+
+
+@pytest.mark.slow  # the ragged forward's graphs (and the pieces around its host reads): ~25 s of CPU more
+def test_compiled_ragged_passes_match_eager_with_bounded_graphs(fd_ckpt, backend):
+    """Batched passes of 2-3 requests over ragged prefixes and branch counts: eager's logits and argmax, and the
+    graphs stay within :data:`SMALL_GRAPH_BOUND`."""
+    _, cfg, net = load_checkpoint(fd_ckpt, dtype=torch.float32)
+    eager, compiled = DenseVerifier(net), DenseVerifier(net, compile=True)
+    gen = torch.Generator().manual_seed(0)
+    n, start = 32, graphs_compiled()
+    for lengths, branches in [([5, 40], [3, 1]), ([33, 12, 64], [2, 4, 1]), ([70, 9], [5, 5])]:
+        r, kb = len(lengths), max(branches)
+        cache = BatchCache(cfg.num_layers, r, cfg.num_kv_heads, cfg.head_dim, 128, net.dtype)
+        for slot, t in enumerate(lengths):
+            net.prefill(torch.randint(0, 299, (t,), generator=gen), cache.slot(slot), mask="block_causal")
+        states = torch.randint(0, 299, (r, kb, n), generator=gen)
+        parents = torch.zeros(r, kb, dtype=torch.long)
+        parents[:, 0] = -1
+        batch = BatchBranches(cache, torch.arange(r), torch.tensor(lengths), states, parents, branches)
+        want, got = eager.verify_batch(batch).logits, compiled.verify_batch(batch)
+        for w, g in zip(want, got.logits, strict=True):
+            assert (g - w).abs().max().item() < FP32_LOGITS and torch.equal(g.argmax(-1), w.argmax(-1))
+    built = graphs_compiled() - start
+    forwards = compiled_forwards(net)
+    assert 0 < built <= SMALL_GRAPH_BOUND and forwards.graphs == built and forwards.compile_seconds > 0
+
+
+def test_cli_compiles_long_runs_only(capsys):
+    """``--compile`` unset: on for a run whose planned tokens repay the compile, with a note; eager otherwise;
+    an explicit flag always wins."""
+    from specfold.cli.common import choose_compile
+    from specfold.config import COMPILE_MIN_TOKENS
+
+    args = argparse.Namespace(compile=None)
+    assert choose_compile(args, COMPILE_MIN_TOKENS - 1) is False and args.compile is False
+    assert capsys.readouterr().err == ""
+    args = argparse.Namespace(compile=None)
+    assert choose_compile(args, COMPILE_MIN_TOKENS) is True and args.compile is True
+    assert "compiling the dense forwards" in capsys.readouterr().err
+    for given in (True, False):
+        assert choose_compile(argparse.Namespace(compile=given), 0 if given else 10 * COMPILE_MIN_TOKENS) is given
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +135,7 @@ def _check(model, prompts, max_new: int) -> None:
     assert 0 < forwards.graphs <= GRAPH_BOUND and forwards.compile_seconds > 0
 
 
+@pytest.mark.slow  # the embedded model's forward: ~40 s of compiling on a quiet AVX2 EPYC, 80+ s loaded
 def test_compiled_vanilla_gives_eager_tokens_without_recompiling(model):
     """The default tier: vanilla (the batch-1 forward) on one held-out prompt per domain, then three more prompts
     (other prefix lengths) that compile no new graph."""
