@@ -154,6 +154,7 @@ class PassCost:
     layer: LayerCost
     dense_seconds: float  # t_dense: one dense layer over PASS_ROWS rows, PASS_PREFIX keys
     gate_seconds: float  # G: the bookkeeping one folded layer adds (>= 0)
+    measure_seconds: float = 0.0  # wall seconds the measurement took (once per process, device, dtype and shape)
 
     def _dense_macs(self, m: int, prefix: int, n: int) -> float:
         c = self.layer
