@@ -95,3 +95,22 @@ def test_llada_steps_without_a_cache_and_refusals(capsys, llada_tok, tmp_path):
     line = refused_with_one_line(capsys, ["generate", "--model", str(fd), "--prompt-ids", "1,2,3",
                                           "--max-new-tokens", "8", "--cache", "prefix"])
     assert "--cache applies to the fully bidirectional" in line
+
+
+def test_eval_takes_the_cache(capsys, llada_tok, tmp_path):
+    from specfold.api import encode_prompt
+    from specfold.eval.harness import load_task
+
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", "--model", str(llada_tok), "--tasks", "synth-math", "--limit", "2", "--methods", "vanilla",
+                 "--max-new-tokens", "16", "--block-size", "8", "--cache", "prefix", "--dtype", "fp64", "--out",
+                 str(out), "--json"]) == 0
+    capsys.readouterr()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    model = load_model(llada_tok, dtype="fp64")
+    cfg = decode_config_for(model, max_new_tokens=16, block_size=8, cache="prefix")
+    prompts = [encode_prompt(model, s.prompt, True) for s in load_task("synth-math", "test", 2).samples]
+    want = [decode(model, p, cfg) for p in prompts]
+    assert [r["token_ids"] for r in records] == [w.token_ids for w in want]
+    assert [r["nfe"] for r in records] == [w.nfe for w in want]
+    assert {r["provenance"]["cache"] for r in records} == {"prefix"}

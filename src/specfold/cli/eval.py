@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specfold.cli.common import (
     add_batch_arg,
+    add_cache_arg,
     add_decode_args,
     add_method_args,
     add_model_args,
@@ -71,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_decode_args(p)
     add_quota_args(p)
+    add_cache_arg(p)
     add_method_args(p, "methods")
     p.set_defaults(func=run)
 
@@ -98,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         small_block_size=args.small_block_size,
         steps=args.steps,
         strategy=args.strategy,
+        cache=args.cache,
         num_shards=num_shards,
         shard_id=shard_id,
         chat=not args.no_chat,

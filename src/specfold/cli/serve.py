@@ -6,6 +6,7 @@ import argparse
 
 from specfold.cli.common import (
     METHOD_FLAGS,
+    add_cache_arg,
     add_decode_args,
     add_method_args,
     add_model_args,
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_decode_args(p)
     add_quota_args(p)  # per server: every request decodes under the server's rule
+    add_cache_arg(p)
     add_method_args(p, "method", [o for o in METHOD_FLAGS if o != "lookahead"])
     p.set_defaults(func=run)
 
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         small_block_size=args.small_block_size,
         steps=args.steps,
         strategy=args.strategy,
+        cache=args.cache,
         log_level=args.log_level,
         max_body_bytes=args.max_body_bytes,
         drain_seconds=args.drain_seconds,

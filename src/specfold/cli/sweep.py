@@ -9,6 +9,7 @@ import sys
 from specfold.cli.common import (
     UsageError,
     add_batch_arg,
+    add_cache_arg,
     add_decode_args,
     add_method_args,
     add_model_args,
@@ -65,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_decode_args(p)
     add_quota_args(p)
+    add_cache_arg(p)
     p.set_defaults(func=run)
 
 
@@ -120,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         small_block_size=args.small_block_size,
         steps=args.steps,
         strategy=args.strategy,
+        cache=args.cache,
         num_shards=args.num_shards,
         shard_id=args.shard_id,
         batch_size=args.batch_size,

@@ -86,6 +86,7 @@ class EvalPlan:
     small_block_size: int | None | str = "auto"
     steps: int | None = None  # a quota rule's passes per block (SDAR; refused for other families)
     strategy: str | None = None  # a quota rule's strategy (SDAR; refused for other families)
+    cache: str | None = None  # LLaDA / Dream: Fast-dLLM v1's cache (none / prefix / dual; refused for other families)
     num_shards: int = 1
     shard_id: int = 0
     chat: bool = True
@@ -130,7 +131,7 @@ def run_eval(
     if out is not None:
         check_output_path(out)
     cfg = decode_config_for(model, plan.max_new_tokens, plan.threshold, plan.block_size, plan.small_block_size,
-                            steps=plan.steps, strategy=plan.strategy)
+                            steps=plan.steps, strategy=plan.strategy, cache=plan.cache)
     prepared = {spec: prepare_method(model, spec, cfg) for spec in plan.methods}
     sources = {task: load_task(task, plan.split, plan.limit, plan.data_dir) for task in plan.tasks}
     work = [

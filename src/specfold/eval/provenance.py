@@ -41,6 +41,7 @@ RUN_FIELDS: tuple[str, ...] = (
     "small_block_size",
     "steps",
     "strategy",
+    "cache",
     "chat",
     "split",
     "batch_size",
@@ -138,6 +139,7 @@ def run_provenance(model, cfg, plan) -> dict[str, Any]:
         "small_block_size": cfg.small_block_size,
         "steps": cfg.steps,  # None (absent in older files: read as None) unless a quota rule's steps were given
         "strategy": cfg.strategy,
+        "cache": cfg.cache,  # None (absent in older files) unless LLaDA / Dream's --cache was given
         "chat": plan.chat,
         "split": plan.split,
         "batch_size": plan.batch_size,

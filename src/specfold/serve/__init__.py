@@ -38,6 +38,7 @@ class ServerConfig:
     # per request: one continuous batch decodes every request of a method under one DecodeConfig.
     steps: int | None = None
     strategy: str | None = None
+    cache: str | None = None  # LLaDA / Dream: Fast-dLLM v1's cache (per server as well)
     log_level: str = "info"
     max_body_bytes: int = 4 * 1024 * 1024  # a larger request body is answered 413 unread
     drain_seconds: float = 5.0  # on SIGTERM/SIGINT: how long open requests may still finish
@@ -51,7 +52,7 @@ def engine_settings(model: LoadedModel, config: ServerConfig):
     from specfold.serve.engine import EngineSettings
 
     cfg = decode_config_for(model, config.max_tokens, config.threshold, config.block_size, config.small_block_size,
-                            steps=config.steps, strategy=config.strategy)
+                            steps=config.steps, strategy=config.strategy, cache=config.cache)
     method = MethodName(config.method)
     options = config.options.for_method(MethodName.SPECFOLD)
     try:
