@@ -68,6 +68,28 @@ def test_static_pieces_equal_the_eager_layer(family, ffn, fd_ckpt, nld_ckpt) -> 
     assert folded > 0
 
 
+def test_static_plan_is_one_graph_without_host_reads() -> None:
+    """The compiled gate + compaction traces whole (``fullgraph``: no ``nonzero``, no host read) into one dynamic
+    graph that serves every branch count, and equals the eager plan."""
+    from specfold.engine.compiled import _plan_tuple
+
+    fn = torch.compile(_plan_tuple, dynamic=True, fullgraph=True, backend="eager")
+    gen = torch.Generator().manual_seed(0)
+    before, first = graphs_compiled(), None
+    for k in (8, 5, 3, 8):
+        graph = BranchGraph.of(PARENTS[:k])
+        h = torch.randn(k, 32, 24, generator=gen, dtype=torch.float64)
+        h[1:] = h[graph.par[1:]] + 0.1 * torch.randn(k - 1, 32, 24, generator=gen, dtype=torch.float64) * (
+            torch.rand(k - 1, 32, 1, generator=gen) < 0.5)
+        got, want = fn(h, graph, 0.05, None, None, 1), _plan_tuple(h, graph, 0.05, None, None, 1)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
+        ref = gate_and_compact(h, graph, 0.05)
+        assert torch.equal(got[4][: int(got[5])], ref.rows) and torch.equal(got[3], ref.table)
+        first = graphs_compiled() if first is None else first
+    assert first - before <= 1 and graphs_compiled() == first  # (0 if this process compiled it already)
+
+
 def _batch(net, cache, states, prefixes: list[int], branches: list[int]) -> BatchBranches:
     """Requests over the same drafts, each with its own prefix length (a slice of one cache) and branch count."""
     r, kb = len(prefixes), max(branches)
