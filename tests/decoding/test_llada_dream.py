@@ -190,3 +190,28 @@ def test_spiffy_and_specfold_equal_vanilla_and_batch_equals_batch1(llada, dream,
     assert [r.token_ids for r in decode_batch(model, prompts, cfg, None, max_batch=3)] == \
         [r.token_ids for r in vanilla]
     assert accepted > 0  # drafts were accepted: the equalities are not vacuous
+
+
+@pytest.mark.slow
+def test_specfold_triton_backend_on_a_window(llada):
+    """The Triton kernels run a window pass unchanged (interpreter here: ~30 s): vanilla's tokens at δ = 0 and the
+    torch engine's fold statistics, block and context rows alike."""
+    ckpt, _, _ = llada
+    model = load_model(ckpt, dtype="fp32")
+    with torch.no_grad():
+        head = model.net.head_weight()
+        head.mul_(3.0)
+        head[model.mask_id] = 0.0
+    prompts = prompts_for(3, seed=9)
+    cfg = decode_config_for(model, max_new_tokens=GEN, block_size=BLOCK, cache="prefix", threshold=0.99)
+    graph = graph_from_counts(record_counts(model, prompts, cfg, max_depth=3), 5, None)
+    method = prepare_method(model, MethodConfig(method="spiffy", graph=graph), cfg)
+    want = decode(model, prompts[0], cfg)
+    got = {}
+    for backend in ("torch", "triton"):
+        verifier = FoldedVerifier(model.net, 0.0, cost=None, dense_fallback=False, attention="correct",
+                                  backend=backend)
+        got[backend] = decode(model, prompts[0], cfg, verifier=verifier, drafter=method.drafter)
+        assert got[backend].token_ids == want.token_ids
+    assert got["torch"].accepted_drafts > 0
+    assert got["triton"].engine_stats.window_fold_ratios() == got["torch"].engine_stats.window_fold_ratios()
