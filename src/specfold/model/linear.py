@@ -48,8 +48,10 @@ def linear(
 
 
 def pads(x: torch.Tensor) -> bool:
-    """Whether :func:`linear` pads rows of ``x``'s device and dtype to :func:`bucket_rows`."""
-    return x.device.type == "cpu" and x.dtype in _PADDED_DTYPES
+    """Whether :func:`linear` pads rows of ``x``'s device and dtype to :func:`bucket_rows`. Never while
+    ``torch.compile`` traces: the row count is symbolic there, and rounding it would specialise the graph on every
+    bucket (one recompilation each); the compiled folded layer buckets its pools before the graph."""
+    return x.device.type == "cpu" and x.dtype in _PADDED_DTYPES and not torch.compiler.is_compiling()
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
