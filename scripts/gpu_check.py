@@ -6,7 +6,7 @@
 Needs only torch, triton, transformers and this repository (no pytest, no installs, no network): it runs on the GPU
 image as it is. Sections, each timed, each recorded even when it fails (the report is written whatever happens):
 
-1. ``layers`` — the kernels against the references: a 2-layer random-weight model at real shapes
+1. ``layers`` — the kernels against the references: a 2-layer (``--layers``) random-weight model at real shapes
    (fast-dllm-v2-1.5b, nld-8b; dry run: tiny odd shapes of both families) verifies K = 8 branches of a 32-token
    block over a 512-token prefix (dry run: 8 and 8) with the Triton backend and the torch engine, at δ = 0 and at
    an imposed fold ratio of 0.6 (the correction kernel at work). fp32: Triton's logits within 1e-3 of the torch
@@ -76,7 +76,7 @@ def timed_ms(fns: dict, device: str, repeats: int) -> dict[str, float]:
     return {k: 1e3 * t.median for k, t in interleaved(fns, repeats, warmup=1, device=device).items()}
 
 
-def layer_check(name: str, shape, device: str, prefix: int, n: int, repeats: int) -> list[dict]:
+def layer_check(name: str, shape, device: str, prefix: int, n: int, repeats: int, layers: int = 2) -> list[dict]:
     import copy
 
     from specfold.engine.dense import DenseVerifier
@@ -84,7 +84,7 @@ def layer_check(name: str, shape, device: str, prefix: int, n: int, repeats: int
     from specfold.engine.layer_types import FoldConfig
 
     vocab = 512
-    net32, cfg = random_net(shape, 2, vocab, device)
+    net32, cfg = random_net(shape, layers, vocab, device)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, vocab - 2, (1, prefix), generator=gen)
     parents = torch.tensor(BRANCH_PARENTS, device=device)
@@ -232,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="where the JSON report goes")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, tiny shapes (what CI runs)")
+    ap.add_argument("--layers", type=int, default=2,
+                    help="layers of the random-weight model in the layers section (default 2; every kernel runs in "
+                    "each layer, so 1 checks the same kernels: tests/engine/test_gpu_check_dry_run.py runs the dry run "
+                    "with 1, half the interpreter's time)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="a section that would start after this many seconds is skipped (default 420: the report "
                     "is written before gpu_check.sh's hard stop at 470 s)")
@@ -271,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     compiling = start_compile(*compile_args)
     sections = {
         "layers": lambda: [r for name, sh in layer_shapes.items()
-                           for r in layer_check(name, sh, device, prefix, block, repeats)],
+                           for r in layer_check(name, sh, device, prefix, block, repeats, args.layers)],
         "decode": lambda: decode_check(device, prompts, max_new, 2 if not dry else 0),
         "compile": lambda: finish_compile(compiling, max(30.0, args.budget_s - (time.perf_counter() - t_all))),
     }
