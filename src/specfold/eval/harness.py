@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +25,7 @@ from specfold.api import Method, decode_config_for, encode_prompt, prepare_metho
 from specfold.config import DecodeConfig, MethodConfig
 from specfold.decoding.core import BatchRequest, Decoder, GenerationResult, cache_rows_needed, check_prompt
 from specfold.decoding.decoder import decode
+from specfold.engine.stats import FoldStats
 from specfold.eval.provenance import check_resume, graph_hash, run_provenance, sample_hash
 from specfold.eval.records import RecordsWriter, read_records, repair_tail
 from specfold.io import check_output_path
@@ -151,11 +152,15 @@ def run_eval(
         if writer is not None:
             check_resume(out, writer.existing, run_fields, items, record_key)
         done = {record_key(r): r for r in (writer.existing if writer is not None else [])}
-        _warm_up(model, cfg, prepared.values())
+        warm = _warm_up(model, cfg, prepared)  # what each method's warm-up compiled: on its first new record
         totals: dict[str, list[float]] = {}
         finished = [sum(_key(task, spec, sample) in done for task, sample, spec in work)]
 
         def keep(key: str, spec: MethodConfig, rec: dict[str, Any]) -> None:
+            compiled = warm.pop(spec, None)
+            if compiled is not None and compiled.compiled_graphs:
+                rec["compiled_graphs"] = rec.get("compiled_graphs", 0) + compiled.compiled_graphs
+                rec["compile_seconds"] = rec.get("compile_seconds", 0.0) + compiled.compile_seconds
             rec["provenance"] = {**run_fields, **items[key]}
             done[key] = rec
             if writer is not None:
@@ -184,8 +189,11 @@ def run_eval(
             writer.close()
 
 
-def _warm_up(model: LoadedModel, cfg: DecodeConfig, methods: Iterable[Method]) -> None:
-    """One short decode per method so that first-call overheads stay out of the timings."""
+def _warm_up(
+    model: LoadedModel, cfg: DecodeConfig, methods: Mapping[MethodConfig, Method]
+) -> dict[MethodConfig, FoldStats]:
+    """One short decode per method so that first-call overheads (and compiling, with ``compile``) stay out of the
+    timings; returns each method's statistics of it (its ``compiled_graphs`` and ``compile_seconds``)."""
     ids = list(range(4, 12))
     ids = [i for i in ids if i not in (model.mask_id, model.stop_id)] or [0]
     short = DecodeConfig(
@@ -194,8 +202,8 @@ def _warm_up(model: LoadedModel, cfg: DecodeConfig, methods: Iterable[Method]) -
         block_size=cfg.block_size,
         small_block_size=cfg.small_block_size,
     )
-    for m in methods:
-        decode(model, ids, short, verifier=m.verifier, drafter=m.drafter)
+    return {spec: decode(model, ids, short, verifier=m.verifier, drafter=m.drafter).engine_stats
+            for spec, m in methods.items()}
 
 
 def _decode_batched(
@@ -260,6 +268,9 @@ def _run_one(
         "prompt_tokens": len(ids),
         "text": text,
     }
+    if stats.compiled_graphs:  # graphs this request's passes compiled (the warm-up's go on a method's first record)
+        rec["compiled_graphs"] = stats.compiled_graphs
+        rec["compile_seconds"] = stats.compile_seconds
     if stats.draft_triples:
         rec["fold_ratio"] = stats.fold_ratio()
         rec["ffn_fold_ratio"] = stats.fold_ratio("ffn")
@@ -294,6 +305,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str
                 "latency_seconds": seconds / n,
                 "generated_tokens_per_sample": tokens / n,
             }
+            compiled = sum(r.get("compile_seconds", 0.0) for r in recs)
+            if compiled:  # the method's compile (warm-up included), apart from its decode seconds
+                row["compile_seconds"] = compiled
+                row["compiled_graphs"] = sum(r.get("compiled_graphs", 0) for r in recs)
             if recs[0]["method"] != "vanilla":
                 row["accepted_per_step"] = sum(r.get("accepted_drafts", 0) for r in recs) / passes if passes else 0.0
                 row["boundary_drafts_per_sample"] = sum(r.get("boundary_drafts", 0) for r in recs) / n
