@@ -116,7 +116,9 @@ class Drafter(Protocol):
 
 
 class StepObserver(Protocol):
-    """Sees the vanilla trajectory (used by calibration)."""
+    """Sees the vanilla trajectory (used by calibration). A ``step`` whose ``next_state`` equals the current state
+    is no transition: it only brings newer logits to draft the next one from (a pass that unmasked nothing, or
+    Dream's boundary forward)."""
 
     def block_start(self, state: torch.Tensor, gen_start: int) -> None: ...
 
@@ -459,6 +461,7 @@ class Decoder:
             req.ctx_logits = logits
             if req.observer is not None:
                 req.observer.block_start(req.block, 0)
+                req.observer.step(logits, req.block)  # no transition: the logits the first pass is drafted from
         else:
             if req.observer is not None:
                 req.observer.block_start(req.block, 0)
