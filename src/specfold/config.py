@@ -170,11 +170,11 @@ METHOD_OPTIONS: dict[str, tuple[MethodName, ...]] = {
 # run's planned token budget is large enough for the faster passes to repay the compile (:func:`compile_pays`).
 DEFAULT_COMPILE = False
 # Planned tokens (requests x max_new_tokens, every method and repeat) from which compiling pays. Measured on the
-# AVX2 EPYC (fp32, one thread, embedded model, docs/results.md): ~40 s of compiling on a quiet machine with a warm
-# inductor cache, dense passes 1.37x faster, ~60 tokens/s eager: break-even after ~150 s of eager decoding, ~9 000
-# generated tokens; the synthetic tasks stop after about a third of a 64-token budget (27 000 planned), and a cold
-# cache or a loaded machine doubles the compile: 50 000.
-COMPILE_MIN_TOKENS = 50_000
+# AVX2 EPYC (fp32, one thread, embedded model, docs/results.md): vanilla / spiffy / specfold compiled 1.35 / 1.28 /
+# 1.23x eager side by side; compiling their 4-5 graphs took 40 s (2 graphs, quiet machine) to 113-260 s (loaded):
+# ~110 s against a ~22 % gain at ~60 tokens/s eager breaks even after ~500 s, ~30 000 generated tokens, and the
+# synthetic tasks stop after about a third of a 64-token budget: 100 000 planned.
+COMPILE_MIN_TOKENS = 100_000
 
 
 def compile_pays(planned_tokens: int) -> bool:
