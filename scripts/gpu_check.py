@@ -16,8 +16,8 @@ image as it is. Sections, each timed, each recorded even when it fails (the repo
 2. ``decode`` — the embedded model on the device: vanilla, spiffy and specfold δ = 0 (torch and triton backends),
    fp32, the same prompts: every method's tokens must equal vanilla's; tokens/s side by side (median of repeats).
 3. ``compile`` — ``specfold bench kernels --compile-only --json`` (every kernel, shape, dtype, sm_80 / sm_90),
-   one child process per shape, started first so that they compile on the CPU while 1 and 2 use the GPU; the dry
-   run compiles one shape, bf16, sm_90.
+   one child process (its compiles spread over the cores), started first so that it compiles on the CPU while 1 and
+   2 use the GPU; the dry run compiles one shape, bf16, sm_90.
 4. ``pytest`` — on a GPU, when pytest is importable: the kernel test files and ``-m gpu`` tests on CUDA
    (informational: the image may have no pytest).
 
@@ -180,13 +180,13 @@ def decode_check(device: str, prompts: list[str], max_new: int, repeats: int) ->
 
 # ---- 3. compile ------------------------------------------------------------------------------------------------
 def start_compile(shapes: list[str], dtypes: str, archs: str) -> list[tuple[str, subprocess.Popen]]:
-    """One ``bench kernels --compile-only`` child per shape, started now: they compile on the CPU cores while the
-    GPU sections run."""
-    return [(s, subprocess.Popen([sys.executable, "-m", "specfold.cli", "bench", "kernels", "--compile-only",
-                                  "--shape", s, "--dtype", dtypes, "--arch", archs, "--json"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                                 cwd=REPO))
-            for s in shapes]
+    """One ``bench kernels --compile-only`` child for all ``shapes``, started now: it compiles on the CPU cores (a
+    worker process per core, each distinct compile once) while the GPU sections run."""
+    label = ",".join(shapes)
+    return [(label, subprocess.Popen([sys.executable, "-m", "specfold.cli", "bench", "kernels", "--compile-only",
+                                      "--shape", label, "--dtype", dtypes, "--arch", archs, "--json"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                                     cwd=REPO))]
 
 
 def finish_compile(procs: list[tuple[str, subprocess.Popen]], timeout: float) -> dict:

@@ -7,11 +7,13 @@ per-block maximum (A100 163 KiB, H100 227 KiB); registers × threads within a bl
 beyond :data:`specfold.bench.kernels.SPILL_ALLOWANCE` (per kernel and dtype, each with its reason). Also: every
 ``_*_kernel`` of ``specfold.engine.kernels`` is in the report, so a new kernel cannot skip the check.
 
-The compile runs once per session in subprocesses (the test session runs the kernels in the interpreter, which
-compiles nothing; ``TRITON_INTERPRET`` is unset for the child), one per architecture, side by side. Measured on
-the 2-core AVX2 EPYC, the full table in one process: 2 min 47 s of CPU (7 shapes, 280 rows; launches that Triton
-would specialise identically are compiled once for all shapes), 16 min of wall time on that box under a load of
-10; with two free cores the two processes take about 1.5 min.
+The compile runs once per session in a subprocess (the test session runs the kernels in the interpreter, which
+compiles nothing; ``TRITON_INTERPRET`` is unset for the child): the launches are recorded once for both
+architectures, each distinct compile (launches that Triton would specialise identically are compiled once for all
+shapes: 98 of the 360 rows of 9 shapes) runs once, in one worker process per core, the fp32 ones first. Measured
+on the 2-core AVX2 EPYC: 4 min of CPU in all (LLVM and ptxas, the fp32 FMA dots the most; as with the former two
+processes, one per architecture: the distinct compiles are the cost), so about 2 min of wall time on two free cores;
+12 min under a load of 7-13.
 """
 
 from __future__ import annotations
@@ -45,20 +47,14 @@ def _child_env() -> dict[str, str]:
 def table() -> list[dict]:
     """The JSON lines of `specfold bench kernels --compile-only --json` for every shape, dtype and arch."""
     t0 = time.perf_counter()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "specfold.cli", "bench", "kernels", "--compile-only", "--arch", arch,
-             "--dtype", ",".join(DTYPES), "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
-        )
-        for arch in ARCHS
-    ]
-    rows = []
-    for p in procs:
-        out, err = p.communicate(timeout=COMPILE_TIMEOUT_S)
-        # exit 1 = a kernel broke a limit (the tests below say which); anything else is a crash of the command
-        assert p.returncode in (0, 1), f"bench kernels crashed (exit {p.returncode}):\n{err[-3000:]}"
-        rows += [json.loads(line) for line in out.splitlines() if line.strip()]
+    p = subprocess.run(
+        [sys.executable, "-m", "specfold.cli", "bench", "kernels", "--compile-only", "--arch", ",".join(ARCHS),
+         "--dtype", ",".join(DTYPES), "--json"],
+        capture_output=True, text=True, env=_child_env(), timeout=COMPILE_TIMEOUT_S,
+    )
+    # exit 1 = a kernel broke a limit (the tests below say which); anything else is a crash of the command
+    assert p.returncode in (0, 1), f"bench kernels crashed (exit {p.returncode}):\n{p.stderr[-3000:]}"
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
     print(f"compile table: {len(rows)} rows in {time.perf_counter() - t0:.0f} s")
     return rows
 

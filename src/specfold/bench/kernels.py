@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -210,10 +211,12 @@ def compile_kernels(
     archs: list[str] | None = None,
     branches: int = 7,
     block: int = 32,
+    jobs: int | None = None,
 ) -> Iterator[KernelCompile]:
-    """A :class:`KernelCompile` for every (kernel, shape, dtype, arch), compiled as the results are read (names are
-    checked at once: ``ValueError``). A launch that Triton would specialise identically at two shapes (the same
-    cache key) is compiled once and reported at both."""
+    """A :class:`KernelCompile` for every (kernel, shape, dtype, arch), in that order as the results are read (names
+    are checked at once: ``ValueError``). A launch that Triton would specialise identically at two shapes (the same
+    cache key) is compiled once and reported at both. The distinct compiles run in ``jobs`` worker processes (default:
+    the cores this process may use; 1: in this process)."""
     shapes = shapes or list(SHAPES)
     dtypes = dtypes or ["bf16", "fp32"]
     archs = archs or list(ARCHS)
@@ -221,22 +224,72 @@ def compile_kernels(
         for name in names:
             if name not in known:
                 raise ValueError(f"unknown {what} {name!r}; choose from {', '.join(known)}")
-    return _compile_all(shapes, dtypes, archs, branches, block)
+    return _compile_all(shapes, dtypes, archs, branches, block, jobs or _cores())
 
 
-def _compile_all(shapes, dtypes, archs, branches, block) -> Iterator[KernelCompile]:
-    done: dict[tuple, dict] = {}
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# The distinct compiles of one _compile_all, read by its forked workers (passed by index: an ASTSource holds the
+# kernel function, which does not pickle).
+_JOBS: list[tuple] = []
+
+
+def _compile_job(i: int) -> dict:
+    return _compile(*_JOBS[i])
+
+
+def _compile_all(shapes, dtypes, archs, branches, block, jobs) -> Iterator[KernelCompile]:
+    rows, unique = [], {}
     for s in shapes:
         for dt in dtypes:
             for name, launch in layer_launches(SHAPES[s], COMPILE_DTYPES[dt], branches, block).items():
-                cfg = launch.config
                 for a in archs:
                     key, *job = _specialise(launch, a)
-                    if key not in done:
-                        done[key] = _compile(*job)
-                    yield KernelCompile(kernel=name, shape=s, dtype=dt, arch=a, num_warps=cfg.num_warps,
-                                        num_stages=cfg.num_stages, tiles=dict(cfg.tiles), grid=list(cfg.grid),
-                                        **done[key])
+                    unique.setdefault(key, (dt, job))
+                    rows.append((name, s, dt, a, launch.config, key))
+    keys = list(unique)
+    with _Compiles(keys, [unique[k][1] for k in keys], [unique[k][0] for k in keys], jobs) as results:
+        for name, s, dt, a, cfg, key in rows:
+            yield KernelCompile(kernel=name, shape=s, dtype=dt, arch=a, num_warps=cfg.num_warps,
+                                num_stages=cfg.num_stages, tiles=dict(cfg.tiles), grid=list(cfg.grid), **results[key])
+
+
+class _Compiles:
+    """``results[key]``: the compile of ``keys[i]`` (``jobs[i]``), waiting for it. NOTE: with ``workers > 1`` the
+    compiles run in forked processes (each is single-threaded LLVM and ptxas work, and Triton's Python parts hold the
+    GIL), the fp32 ones first (the slowest: FMA dots) so that the workers finish together; otherwise each runs here
+    when its result is first read."""
+
+    def __init__(self, keys: list, jobs: list[tuple], dtypes: list[str], workers: int):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.jobs, self.index, self.done, self.pending = jobs, {k: i for i, k in enumerate(keys)}, {}, {}
+        self.pool = None
+        if workers > 1 and len(keys) > 1 and "fork" in multiprocessing.get_all_start_methods():
+            _JOBS[:] = jobs
+            self.pool = ProcessPoolExecutor(min(workers, len(keys)), mp_context=multiprocessing.get_context("fork"))
+            for i in sorted(range(len(keys)), key=lambda i: dtypes[i] != "fp32"):  # stable: fp32 first
+                self.pending[keys[i]] = self.pool.submit(_compile_job, i)
+
+    def __getitem__(self, key) -> dict:
+        if key not in self.done:
+            future = self.pending.get(key)
+            self.done[key] = future.result() if future else _compile(*self.jobs[self.index[key]])
+        return self.done[key]
+
+    def __enter__(self) -> _Compiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            _JOBS.clear()
 
 
 def spill_allowance(kernel: str, dtype: str) -> int:
