@@ -478,9 +478,10 @@ class Decoder:
         self, reqs: list[_Request], drafts: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> list[tuple[torch.Tensor, FoldStats]]:
         """One verification pass over every request's branches: per request, logits ``[K_r, N, V]`` and stats."""
-        if self.bidirectional:
-            # NOTE: a window's rows differ in number between requests (prompt and suffix lengths), and every row sees
-            # every row: each request runs its own pass.
+        dual = self.bidirectional and all(r.sequence.cache == "dual" for r in reqs)
+        if self.bidirectional and (len(reqs) == 1 or not dual):
+            # NOTE: without the dual cache a window's rows differ in number between requests (prompt and suffix
+            # lengths), and every row sees every row: each request runs its own pass.
             return [self._verify_window(req, states, parents) for req, (states, parents) in zip(reqs, drafts,
                                                                                                 strict=True)]
         if len(reqs) == 1:
@@ -493,8 +494,13 @@ class Decoder:
         states = torch.stack([torch.cat([st, st[:1].expand(k - st.shape[0], n)]) for st, _ in drafts])
         parents = torch.stack([torch.cat([par, par.new_zeros(k - par.shape[0])]) for _, par in drafts])
         slots, lengths = self._slots(reqs)
-        batch = BatchBranches(self.cache, slots, lengths, states, parents, [st.shape[0] for st, _ in drafts])
+        # the dual cache holds the suffix after the prefix: each block starts at its window start, before the end
+        starts = torch.tensor([self.cache.slot(r.slot).start for r in reqs], dtype=torch.long) if dual else None
+        batch = BatchBranches(self.cache, slots, lengths, states, parents, [st.shape[0] for st, _ in drafts], starts)
         result = self.verifier.verify_batch(batch)  # states [R, K, N], parents [R, K]
+        if dual:  # the window is the block: every draft row is a block row
+            return [(logits, replace(st, block_draft_triples=st.draft_triples, block_folded_triples=st.folded_triples))
+                    for logits, st in zip(result.logits, result.stats, strict=True)]
         return list(zip(result.logits, result.stats, strict=True))
 
     def _verify_window(

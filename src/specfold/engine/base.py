@@ -44,6 +44,9 @@ class BatchBranches:
     states: torch.Tensor  # [R, K, N] long: row 0 = the request's main state; padding rows = copies of row 0
     parents: torch.Tensor  # [R, K] long, inside the request: parents[r, 0] = -1, padding rows 0
     branches: list[int]  # [R] real rows per request
+    # [R] long: each block's first absolute position when it is not the cached length (Fast-dLLM v1's dual cache
+    # holds the suffix keys after the prefix); None: the lengths
+    starts: torch.Tensor | None = None
 
     @property
     def valid(self) -> torch.Tensor:  # [R, K] bool: real (not padding) rows

@@ -49,8 +49,8 @@ class DenseVerifier:
         args = (batch.states, batch.cache, batch.slots, batch.lengths)
         valid = None if full else batch.valid
         seconds, graphs = 0.0, 0
-        if self.compiled is None:
-            raw = self.net.forward_ragged(*args, valid=valid)
+        if self.compiled is None or batch.starts is not None:  # (the compiled forwards place blocks at the lengths)
+            raw = self.net.forward_ragged(*args, valid=valid, starts=batch.starts)
         else:
             raw, seconds, graphs = self.compiled.forward_ragged(*args, valid=valid)
         logits = self.net.position_logits(raw.reshape(-1, n, raw.shape[-1]))  # [B', N, V]

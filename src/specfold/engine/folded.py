@@ -188,7 +188,8 @@ class FoldedVerifier:
             par, states = graph.parents, states.index_select(0, keep)
         else:
             par = torch.where(local >= 0, local + torch.tensor(starts, device=dev)[:, None], -1).reshape(-1)
-        positions = lengths.index_select(0, request)[:, None] + torch.arange(n, device=dev)  # [K', N]
+        first = lengths if batch.starts is None else batch.starts.to(dev)  # [R] the blocks' first positions
+        positions = first.index_select(0, request)[:, None] + torch.arange(n, device=dev)  # [K', N]
         cos, sin, qscale = net.rotary.tables(positions.reshape(-1), net.dtype)
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par,
                            prefix_len=lengths.to(torch.int32), branch_request=request if ragged else None,
