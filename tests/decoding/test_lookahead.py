@@ -27,7 +27,9 @@ def _prompts(model, lengths, seed=4):
     return [torch.randint(0, top, (t,), generator=g).tolist() for t in lengths]
 
 
-def _setup(fd_ckpt):
+@pytest.fixture(scope="module")
+def setup(fd_ckpt):
+    """The model, prompts, config and calibrated graph, built once for the module (calibration decodes every prompt)."""
     model = load_model(fd_ckpt, dtype="fp64")
     n = model.config.block_size
     prompts = _prompts(model, [n, 3, 2 * n + 1, n - 1, 5])
@@ -41,16 +43,34 @@ def _verifier(model, name):
     return DenseVerifier(model.net) if name == "spiffy" else FoldedVerifier(model.net, 0.0)
 
 
+def _drafter(model, cfg, graph, lookahead: bool) -> GraphDrafter:
+    return GraphDrafter(graph, model.mask_id, cfg.small_block_size, model.stop_id, lookahead=lookahead)
+
+
+@pytest.fixture(scope="module")
+def decodes(setup):
+    """``decodes(name, lookahead)``: the batch-1 decodes of every prompt by ``vanilla``, ``spiffy`` or ``specfold``
+    (with or without boundary drafts), each list computed once for the module: the tests compare the same
+    trajectories (vanilla's in both methods' tests, spiffy's with boundary drafts in the batch test too)."""
+    model, prompts, cfg, graph = setup
+    memo: dict[tuple[str, bool], list] = {}
+
+    def get(name: str, lookahead: bool = False) -> list:
+        if (name, lookahead) not in memo:
+            if name == "vanilla":
+                memo[name, lookahead] = [decode(model, p, cfg) for p in prompts]
+            else:
+                verifier, drafter = _verifier(model, name), _drafter(model, cfg, graph, lookahead)
+                memo[name, lookahead] = [decode(model, p, cfg, verifier, drafter) for p in prompts]
+        return memo[name, lookahead]
+
+    return get
+
+
 @pytest.mark.parametrize("name", ["spiffy", "specfold"])
-def test_boundary_drafts_keep_the_vanilla_trajectory_and_save_one_pass_per_hit_fp64(fd_ckpt, name):
-    model, prompts, cfg, graph = _setup(fd_ckpt)
-    plain = GraphDrafter(graph, model.mask_id, cfg.small_block_size, model.stop_id)
-    ahead = GraphDrafter(graph, model.mask_id, cfg.small_block_size, model.stop_id, lookahead=True)
+def test_boundary_drafts_keep_the_vanilla_trajectory_and_save_one_pass_per_hit_fp64(decodes, name):
     hits = misses = 0
-    for p in prompts:
-        want = decode(model, p, cfg)
-        base = decode(model, p, cfg, _verifier(model, name), plain)
-        got = decode(model, p, cfg, _verifier(model, name), ahead)
+    for want, base, got in zip(decodes("vanilla"), decodes(name), decodes(name, lookahead=True), strict=True):
         assert got.token_ids == want.token_ids
         assert got.steps_per_block == want.steps_per_block
         assert got.accepted_drafts == base.accepted_drafts  # the graph's drafts are unaffected
@@ -61,11 +81,10 @@ def test_boundary_drafts_keep_the_vanilla_trajectory_and_save_one_pass_per_hit_f
     assert hits > 0 and misses > 0  # both outcomes of a guess were exercised
 
 
-def test_boundary_drafts_batch_equals_batch_one_fp64(fd_ckpt):
-    model, prompts, cfg, graph = _setup(fd_ckpt)
-    drafter = GraphDrafter(graph, model.mask_id, cfg.small_block_size, model.stop_id, lookahead=True)
-    method = BatchMethod(DenseVerifier(model.net), drafter)
-    want = [decode(model, p, cfg, method.verifier, drafter) for p in prompts]
+def test_boundary_drafts_batch_equals_batch_one_fp64(setup, decodes):
+    model, prompts, cfg, graph = setup
+    method = BatchMethod(DenseVerifier(model.net), _drafter(model, cfg, graph, lookahead=True))
+    want = decodes("spiffy", lookahead=True)  # batch-1, the same verifier and drafter kinds
     got = decode_batch(model, prompts, cfg, method, max_batch=3)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert [r.nfe for r in got] == [r.nfe for r in want]
