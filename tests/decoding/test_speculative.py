@@ -29,12 +29,20 @@ class Steps:
         self.states.append(next_state.tolist())
 
 
-def run_pair(model, prompt, cfg, graph):
-    obs_v, obs_s = Steps(), Steps()
-    vanilla = decode(model, prompt, cfg, observer=obs_v)
+def run_vanilla(model, prompt, cfg):
+    obs = Steps()
+    return decode(model, prompt, cfg, observer=obs), obs.states
+
+
+def run_spec(model, prompt, cfg, graph):
+    obs = Steps()
     drafter = GraphDrafter(graph, model.mask_id, cfg.small_block_size, model.stop_id)
-    spec = decode(model, prompt, cfg, verifier=DenseVerifier(model.net), drafter=drafter, observer=obs_s)
-    return vanilla, spec, obs_v.states, obs_s.states
+    return decode(model, prompt, cfg, verifier=DenseVerifier(model.net), drafter=drafter, observer=obs), obs.states
+
+
+def run_pair(model, prompt, cfg, graph):
+    (vanilla, sv), (spec, ss) = run_vanilla(model, prompt, cfg), run_spec(model, prompt, cfg, graph)
+    return vanilla, spec, sv, ss
 
 
 def check_lossless(vanilla, spec, states_v, states_s):
@@ -87,11 +95,18 @@ def test_random_checkpoints_calibrated_graphs_all_budgets_and_depths(family, fd_
     prompts = [torch.randint(0, 290, (n,), generator=g).tolist() for n in (5, 32, 37)]
     counts = record_counts(model, prompts, cfg, max_depth=4)
     assert sum(counts.values()) > 50
+    vanillas = [run_vanilla(model, ids, cfg) for ids in prompts]  # one vanilla trajectory per prompt, for every graph
+    checked = set()
     for budget, depth in [(1, None), (3, None), (7, None), (7, 1), (7, 2), (7, 3), (7, 4)]:
         graph = graph_from_counts(counts, budget, depth)
+        # NOTE: a decode reads only the graph's nodes, their parents and its policy: a cap at or above the graph's
+        # depth selects a graph already decoded, whose decodes would repeat those checked
+        if (graph.nodes, graph.parents, graph.policy) in checked:
+            continue
+        checked.add((graph.nodes, graph.parents, graph.policy))
         accepted = 0
-        for ids in prompts:
-            vanilla, spec, sv, ss = run_pair(model, ids, cfg, graph)
+        for ids, (vanilla, sv) in zip(prompts, vanillas, strict=True):
+            spec, ss = run_spec(model, ids, cfg, graph)
             check_lossless(vanilla, spec, sv, ss)
             accepted += spec.accepted_drafts
         assert accepted > 0  # drafts really were accepted, so the equality above is not vacuous
