@@ -135,14 +135,31 @@ def _method(model, name, graph, cfg, delta):
     return BatchMethod(FoldedVerifier(model.net, delta, **settings), drafter)
 
 
+@pytest.fixture(scope="module")
+def drafting_setup():
+    """``drafting_setup(model)``: the model with a stop id that ends requests at different blocks, the prompts, the
+    config, the calibrated graph and vanilla's tokens — per checkpoint, computed once for the module (the three
+    method cases share them; calibration decodes every prompt)."""
+    memo = {}
+
+    def get(model):
+        if model.config.family not in memo:
+            n = model.config.block_size
+            prompts = _prompts(model, [n, 3, 2 * n + 1, n - 1, 5], seed=4)
+            # threshold 0.9: drafts land
+            cfg = DecodeConfig(block_size=n, small_block_size=n // 2, threshold=0.9, max_new_tokens=2 * n)
+            first = decode(model, prompts[0], cfg).token_ids
+            model = replace(model, stop_id=first[n + 1])  # requests stop at different blocks
+            vanilla = [decode(model, p, cfg).token_ids for p in prompts]
+            memo[model.config.family] = model, prompts, cfg, _calibrated(model, prompts, cfg), vanilla
+        return memo[model.config.family]
+
+    return get
+
+
 @pytest.mark.parametrize(("name", "delta"), [("spiffy", 0.0), ("specfold", 0.0), ("specfold", 0.05)])
-def test_drafting_methods_batch_equals_batch_one_with_refill_fp64(model, name, delta):
-    n = model.config.block_size
-    prompts = _prompts(model, [n, 3, 2 * n + 1, n - 1, 5], seed=4)
-    cfg = DecodeConfig(block_size=n, small_block_size=n // 2, threshold=0.9, max_new_tokens=2 * n)  # drafts land
-    first = decode(model, prompts[0], cfg).token_ids
-    model = replace(model, stop_id=first[n + 1])  # requests stop at different blocks
-    graph = _calibrated(model, prompts, cfg)
+def test_drafting_methods_batch_equals_batch_one_with_refill_fp64(model, drafting_setup, name, delta):
+    model, prompts, cfg, graph, vanilla = drafting_setup(model)
     method = _method(model, name, graph, cfg, delta)
     want = [decode(model, p, cfg, verifier=method.verifier, drafter=method.drafter) for p in prompts]
     got = decode_batch(model, prompts, cfg, method, max_batch=3)
@@ -156,7 +173,6 @@ def test_drafting_methods_batch_equals_batch_one_with_refill_fp64(model, name, d
     for key in keys:  # per-request statistics: over its own rows, never its neighbours' or the padding
         assert [getattr(r.engine_stats, key) for r in got] == [getattr(r.engine_stats, key) for r in want], key
     if delta == 0:
-        vanilla = [decode(model, p, cfg).token_ids for p in prompts]
         assert [r.token_ids for r in got] == vanilla
     if name == "specfold":
         assert sum(r.engine_stats.folded_triples for r in got) > 0
