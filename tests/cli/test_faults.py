@@ -77,6 +77,9 @@ def test_ctrl_c_on_eval_exits_130_and_keeps_what_was_written(tmp_path: Path):
         [sys.executable, "-m", "specfold.cli", "--threads", "1", "eval", "--tasks", "synth-math", "--limit", "40",
          "--max-new-tokens", "16", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        # a pytest-xdist worker ignores SIGINT and a child inherits that (Python then installs no KeyboardInterrupt
+        # handler): give the CLI the disposition a terminal gives it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and not (out.exists() and out.stat().st_size):
