@@ -556,13 +556,7 @@ class Decoder:
                     if new:
                         events.append(BatchEvent(req.request_id, new))
                     continue
-                req.capped += int(req.stop_at is None and masked)
-                req.steps_per_block.append(req.steps)
-                end = n if req.stop_at is None else req.stop_at + 1
-                req.generated.extend(req.block[req.gen_start : end].tolist())
-                if req.stop_at is not None or len(req.generated) >= req.cfg.max_new_tokens:
-                    events.append(self._finish(req))
-                else:
+                if not self._close_block(req, req.gen_start, masked, events):
                     to_write.append(req)
             guessing = [r for r in to_write if self.lookahead and r.ctx_logits is not None]
             plain = [r for r in to_write if not (self.lookahead and r.ctx_logits is not None)]
@@ -591,14 +585,21 @@ class Decoder:
                     if new:
                         events.append(BatchEvent(req.request_id, new))
                     break
-                req.capped += int(req.stop_at is None and masked)
-                req.steps_per_block.append(req.steps)
-                end = n if req.stop_at is None else req.stop_at + 1
-                req.generated.extend(req.block[:end].tolist())
-                if req.stop_at is not None or len(req.generated) >= req.cfg.max_new_tokens:
-                    events.append(self._finish(req))
+                if self._close_block(req, 0, masked, events):
                     break
                 self._start_block(req)
+
+    def _close_block(self, req: _Request, gen_from: int, masked: bool, events: list[BatchEvent]) -> bool:
+        """A block ends (finished, at a stop, or capped with masks left): its generated tokens from ``gen_from`` up to
+        the stop join the request's; True when that finishes the request (its event appended)."""
+        req.capped += int(req.stop_at is None and masked)
+        req.steps_per_block.append(req.steps)
+        end = self.cfg.block_size if req.stop_at is None else req.stop_at + 1
+        req.generated.extend(req.block[gen_from:end].tolist())
+        if req.stop_at is not None or len(req.generated) >= req.cfg.max_new_tokens:
+            events.append(self._finish(req))
+            return True
+        return False
 
     def _commit(self, reqs: list[_Request], guess: bool) -> None:
         """Write the requests' finished blocks to their caches (one forward) and seed their next blocks; with

@@ -172,6 +172,19 @@ class FamilySpec:
 StartFn = Callable[[DLLM, torch.Tensor, PrefixCache, int, int, int | None], tuple[torch.Tensor, int, int]]
 
 
+def no_block_protocol(name: str) -> Callable[..., Any]:
+    """``FamilySpec.start`` of a fully bidirectional family (LLaDA, Dream): there is no prefill + blocks protocol to
+    start; decoding runs whole-sequence windows (:mod:`specfold.decoding.sequence`)."""
+
+    def start(net, prompt, cache, n, mask_id, chunk=None):
+        raise ConfigError(
+            f"{name} attends bidirectionally over the whole sequence: it has no block-cache protocol (prefill + "
+            "blocks); decode it with full-sequence forwards or Fast-dLLM v1's prefix / dual cache"
+        )
+
+    return start
+
+
 def seed_block(seed: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
     """``[seed, M, …, M]`` ``[N]`` (``seed`` a ``[]`` long)."""
     block = torch.full((n,), mask_id, dtype=torch.long, device=seed.device)

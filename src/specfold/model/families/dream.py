@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specfold.config import ConfigError
-from specfold.model.families.base import FamilySpec, UnmaskRule
+from specfold.model.families.base import FamilySpec, UnmaskRule, no_block_protocol
 
 
 def example_config(common: dict[str, Any]) -> dict[str, Any]:
@@ -43,12 +42,6 @@ def example_config(common: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def start(net, prompt, cache, n, mask_id, chunk=None):
-    raise ConfigError(
-        "Dream attends bidirectionally over the whole sequence: it has no block-cache protocol (prefill + blocks); "
-        "decode it with full-sequence forwards or Fast-dLLM v1's prefix / dual cache"
-    )
-
 
 FAMILY = FamilySpec(
     name="dream",
@@ -63,7 +56,7 @@ FAMILY = FamilySpec(
     # Fast-dLLM v1 (dream/): the block's most confident masked position plus every one with conf >= τ, the softmax
     # in the logits' dtype.
     rule=UnmaskRule(inclusive=True, confidence_dtype="model"),
-    start=start,
+    start=no_block_protocol("Dream"),
     stop_token_names=("<|endoftext|>", "<|im_end|>"),
     example_config=example_config,
     attention="bidirectional",

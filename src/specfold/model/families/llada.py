@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from specfold.config import ConfigError
-from specfold.model.families.base import FamilySpec, UnmaskRule
+from specfold.model.families.base import FamilySpec, UnmaskRule, no_block_protocol
 
 LAYER_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("input_norm", ("attn_norm.weight",)),
@@ -129,12 +129,6 @@ def example_config(common: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def start(net, prompt, cache, n, mask_id, chunk=None):
-    raise ConfigError(
-        "LLaDA attends bidirectionally over the whole sequence: it has no block-cache protocol (prefill + blocks); "
-        "decode it with full-sequence forwards or Fast-dLLM v1's prefix / dual cache"
-    )
-
 
 FAMILY = FamilySpec(
     name="llada",
@@ -149,7 +143,7 @@ FAMILY = FamilySpec(
     # Fast-dLLM v1's threshold rule: the block's most confident masked position plus every one with conf >= τ, the
     # softmax in fp64 (ML-GSAI's generate() is a per-step quota instead: decoding chooses it).
     rule=UnmaskRule(inclusive=True, confidence_dtype="fp64"),
-    start=start,
+    start=no_block_protocol("LLaDA"),
     stop_token_names=("<|eot_id|>", "<|endoftext|>"),
     example_config=example_config,
     attention="bidirectional",
