@@ -31,27 +31,32 @@ clock: Callable[[], float] = time.perf_counter
 
 
 @dataclass(frozen=True)
-class Timing:
-    """Seconds of repeated runs of one candidate."""
+class Spread:
+    """One figure measured over repeats (seconds of a timed candidate, or the demo's tokens/s per repeat)."""
 
-    seconds: tuple[float, ...]
+    values: tuple[float, ...]
 
     @property
     def median(self) -> float:
-        return statistics.median(self.seconds)
+        return statistics.median(self.values)
 
     @property
     def low(self) -> float:
-        return min(self.seconds)
+        return min(self.values)
 
     @property
     def high(self) -> float:
-        return max(self.seconds)
+        return max(self.values)
 
     @property
     def spread(self) -> float:
         """max − min over the repeats."""
         return self.high - self.low
+
+    @property
+    def relative(self) -> float:
+        """(max − min) / median: 0.1 means the repeats spanned 10 % of the median."""
+        return self.spread / self.median if self.median else 0.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -93,9 +98,9 @@ def interleaved(
     repeats: int,
     warmup: int = 1,
     device: str | torch.device = "cpu",
-) -> dict[K, Timing]:
+) -> dict[K, Spread]:
     """Time every candidate ``repeats`` times, interleaved in the mapping's order, after ``warmup`` untimed rounds of
-    each. Returns one :class:`Timing` per key."""
+    each. Returns one :class:`Spread` of seconds per key."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     for _ in range(warmup):
@@ -105,4 +110,4 @@ def interleaved(
     for _ in range(repeats):
         for name, fn in fns.items():
             seconds[name].append(timed_call(fn, device))
-    return {name: Timing(tuple(s)) for name, s in seconds.items()}
+    return {name: Spread(tuple(s)) for name, s in seconds.items()}

@@ -32,7 +32,7 @@ def test_interleaved_runs_warmup_untimed_then_candidates_in_turn(monkeypatch):
 
     out = timing.interleaved({"a": candidate("a"), "b": candidate("b")}, repeats=3, warmup=1)
     assert calls == ["a", "b"] * 4
-    assert out["a"].seconds == (1.0, 3.0, 2.0) and out["b"].seconds == (5.0, 4.0, 9.0)  # warm-up's 9 s left out
+    assert out["a"].values == (1.0, 3.0, 2.0) and out["b"].values == (5.0, 4.0, 9.0)  # warm-up's 9 s left out
     assert (out["a"].median, out["a"].low, out["a"].high, out["a"].spread) == (2.0, 1.0, 3.0, 2.0)
     assert (out["b"].median, out["b"].spread) == (5.0, 5.0)
 

@@ -16,30 +16,7 @@ from typing import Any
 
 from specfold.eval.harness import EvalPlan, Progress, run_eval, summarize
 from specfold.model.loading import LoadedModel
-
-
-@dataclass(frozen=True)
-class Spread:
-    """One figure measured over repeats."""
-
-    values: tuple[float, ...]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
-
-    @property
-    def low(self) -> float:
-        return min(self.values)
-
-    @property
-    def high(self) -> float:
-        return max(self.values)
-
-    @property
-    def relative(self) -> float:
-        """(max - min) / median: 0.1 means the repeats spanned 10 % of the median."""
-        return (self.high - self.low) / self.median if self.median else 0.0
+from specfold.timing import Spread
 
 
 @dataclass(frozen=True)
