@@ -62,7 +62,7 @@ class _Attention:
     """What the attention part of a layer hands to the FFN part and to the trace."""
 
     h1: torch.Tensor  # [K*N, E] post-attention residual
-    q: torch.Tensor  # [K, N, Hq, D] each row's (possibly inherited) query
+    q: torch.Tensor | None  # [K, N, Hq, D] each row's (possibly inherited) query (direct attention: traces only)
     k: torch.Tensor  # [K, N, Hkv, D] each branch's block keys
     v: torch.Tensor  # [K, N, Hkv, D]
     o: torch.Tensor  # [K, N, Hq, D] attention output (acc dtype; the model dtype from fused attention)
@@ -95,20 +95,24 @@ def folded_layer(
     if cost is not None:
         options = ("direct", "correct") if mode == "auto" else (mode,)
         prefix = 0 if prefix_k is None else prefix_k.shape[-2]
-        c = int(plan.changed.sum())  # NOTE: a host read, as r's (the torch engine's row counts are host ints)
-        mode = cost.attention_plan(m, n, prefix, r, c, options + (("dense",) if cfg.dense_fallback else ()))
+        options += ("dense",) if cfg.dense_fallback else ()
+        # Eq. 8's cost grows with the corrected rows C and the others' do not depend on it: decided at C = 0 first,
+        # C (a host read, as r's: the torch engine's row counts are host ints) is counted only where Eq. 8 could win
+        mode = cost.attention_plan(m, n, prefix, r, 0, options)
+        if mode == "correct":
+            mode = cost.attention_plan(m, n, prefix, r, int(plan.changed.sum()), options)
     elif mode == "auto":  # no cost rule: Eq. 8
         mode = "correct"
     if mode == "dense" and r < m:
         plan = dense_plan(plan.rho)
     if plan.rows.numel() == m or mode == "direct":
-        att = _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v)
+        att = _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v, trace)
     else:
         att = _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, cfg.guard)
     h2, f_tab, ffn_recompute = _ffn_step(layer, att.h1, plan, ctx, cfg, cost)
     counts = LayerCounts(
         folded=(~plan.recompute).sum(dim=1), ffn_folded=(~ffn_recompute).sum(dim=1),
-        guard=torch.bincount(att.flagged // n, minlength=k), recomputed=plan.recompute.sum(dim=1),
+        guard=att.guard, recomputed=plan.recompute.sum(dim=1),
         corrected=att.corrected,
         dense=plan.rows.numel() == m,
     )
@@ -122,10 +126,11 @@ def folded_layer(
     return h2, counts, info
 
 
-def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
+def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v, trace: bool = False) -> _Attention:
     """Every row's attention computed directly over its branch's own (partly inherited) block K/V. A dense plan runs
     the dense pass's attention; otherwise the prefix part runs once per pool row (a folded row's query, hence its
-    prefix scores, are its source's) and the block part per row (:func:`attend_split`)."""
+    prefix scores, are its source's) and the block part per row (:func:`attend_split`). The query table of every
+    row is gathered for a ``trace`` only (``q`` is None otherwise)."""
     k, n = plan.recompute.shape
     with part("qkv"):
         q, kk, vv = qkv_rows(layer, h, plan.rows, ctx)
@@ -151,8 +156,8 @@ def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v) -> _Attention:
     with part("o_proj"):
         h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, *q.shape[1:]))
     zero = torch.zeros(k, dtype=torch.long, device=h.device)
-    return _Attention(h1=h1, q=q_tab if dense else take(q, plan.table), k=k_tab, v=v_tab, o=o, flagged=zero[:0],
-                      guard=zero, corrected=zero)
+    q_tab = q_tab if dense else take(q, plan.table) if trace else None
+    return _Attention(h1=h1, q=q_tab, k=k_tab, v=v_tab, o=o, flagged=zero[:0], guard=zero, corrected=zero)
 
 
 def _corrected_attention(layer, h, plan, ctx, prefix_k, prefix_v, guard: float) -> _Attention:

@@ -31,7 +31,22 @@ class FoldPlan:
     src: torch.Tensor  # [K, N] long: branch whose Q/K/V (and F) row (i, n) holds
     rows: torch.Tensor  # [R] long: flat (branch·N + position) of the recomputed rows, in pool order
     table: torch.Tensor  # [K, N] long: pool row held by (i, n), i.e. the slot of (src[i, n], n)
-    changed: torch.Tensor  # [K, N] bool: folded rows whose attention context differs from their source's (Δ ≠ ∅)
+    graph: BranchGraph | None = None  # the pass's branch graph (what :attr:`changed` resolves owners in)
+    _changed: torch.Tensor | None = None
+
+    @property
+    def changed(self) -> torch.Tensor:
+        """``[K, N]`` bool: folded rows whose attention context differs from their source's (Δ ≠ ∅). Made when first
+        read: only Eq. 8 (and the cost rule weighing it) needs it, direct attention does not.
+
+        Δ of a folded row ``(i, n)`` with source ``s = src[i, n]`` is empty iff ``s`` is ``i``'s nearest
+        ancestor-or-self that recomputes any position (``owner[i]``): branches below ``owner[i]`` recompute nothing
+        and hold its table row; any source above it misses a position ``owner[i]`` recomputed. So ``changed`` costs
+        ops on ``[K, N]`` and ``[K]``, not a comparison of table rows."""
+        if self._changed is None:
+            owner = resolve_sources(self.recompute.any(dim=1, keepdim=True), self.graph)  # [K, 1]
+            self._changed = ~self.recompute & (self.src != owner)
+        return self._changed
 
 
 @dataclass
@@ -68,16 +83,10 @@ def plan_from_recompute(
     recompute: torch.Tensor,  # [K, N] bool, roots all True
     parents: torch.Tensor | BranchGraph,  # [K] long
 ) -> FoldPlan:
-    """Source resolution and compaction of given recompute decisions (:func:`gate_and_compact` after the gate).
-
-    Δ of a folded row ``(i, n)`` with source ``s = src[i, n]`` is empty iff ``s`` is ``i``'s nearest
-    ancestor-or-self that recomputes any position (``owner[i]``): branches below ``owner[i]`` recompute nothing
-    and hold its table row; any source above it misses a position ``owner[i]`` recomputed. So ``changed`` costs
-    ops on ``[K, N]`` and ``[K]``, not a comparison of table rows."""
+    """Source resolution and compaction of given recompute decisions (:func:`gate_and_compact` after the gate)."""
     parents = as_graph(parents)
     src, rows, table = pool_index(recompute, parents)
-    owner = resolve_sources(recompute.any(dim=1, keepdim=True), parents)  # [K, 1]
-    return FoldPlan(rho=rho, recompute=recompute, src=src, rows=rows, table=table, changed=~recompute & (src != owner))
+    return FoldPlan(rho=rho, recompute=recompute, src=src, rows=rows, table=table, graph=parents)
 
 
 def correction_plan(plan: FoldPlan) -> CorrectionPlan:
@@ -99,7 +108,7 @@ def dense_plan(rho: torch.Tensor) -> FoldPlan:  # rho: [K, N]
     flat = torch.arange(k * n, device=dev)
     every = torch.ones(k, n, dtype=torch.bool, device=dev)
     return FoldPlan(rho=rho, recompute=every, src=torch.arange(k, device=dev)[:, None].expand(k, n), rows=flat,
-                    table=flat.view(k, n), changed=~every)
+                    table=flat.view(k, n), _changed=~every)
 
 
 def pool_index(
