@@ -68,3 +68,32 @@ def test_cli_bench_batch_without_batch_one(capsys):
     assert main(args) == 0
     line = capsys.readouterr().out.splitlines()[-1].split()
     assert line[:2] == ["2", "vanilla"] and line[3] == "-" and line[-1] == "-"
+
+
+def test_cli_bench_batch_eager_and_compiled(capsys, monkeypatch):
+    """--eager-and-compiled runs each method eager and compiled in the same rounds: JSON points name the method and
+    say which (``compiled``), the compiled twin decodes the eager tokens (same generated tokens and NFE), the table
+    adds 'vs eager'; with --compile or --no-compile as well it is refused in one line. (Dynamo's eager backend: the
+    same graphs without inductor's C++ build.)"""
+    import specfold.engine.compiled as compiled
+    from specfold.cli import main
+
+    monkeypatch.setattr(compiled, "BACKEND", "eager")
+    args = ["bench", "batch", "--prompts", "2", "--batch-sizes", "1,2", "--methods", "vanilla,specfold",
+            "--max-new-tokens", "8", "--dtype", "fp32", "--eager-and-compiled"]
+    assert main([*args, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["method"], r["compiled"], r["batch_size"]) for r in rows] == [
+        (m, c, b) for b in (1, 2) for m in ("vanilla", "specfold") for c in (False, True)]
+    by = {(r["method"], r["compiled"], r["batch_size"]): r for r in rows}
+    for m in ("vanilla", "specfold"):
+        for b in (1, 2):
+            eager, comp = by[m, False, b], by[m, True, b]
+            assert (comp["generated_tokens"], comp["nfe"]) == (eager["generated_tokens"], eager["nfe"])
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.split()[:2] == ["R", "method"])
+    assert header.split()[-2:] == ["vs", "eager"]
+    assert any(line.split()[:2] == ["1", "specfold+compile"] for line in out)
+    assert main([*args, "--no-compile"]) == 2
+    assert "--eager-and-compiled runs both" in capsys.readouterr().err

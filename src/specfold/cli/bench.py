@@ -131,6 +131,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="the dense forwards under torch.compile (default: on when the run plans enough tokens to "
                    "repay the compile, see specfold.config.compile_pays)")
+    p.add_argument("--eager-and-compiled", action="store_true",
+                   help="run every method twice, eager and compiled (NAME+compile), interleaved in the same rounds: "
+                   "compiled vs eager side by side (the table adds 'vs eager'; JSON points carry 'compiled')")
     p.set_defaults(func=run_batch)
 
     p = bench_sub.add_parser(
@@ -265,6 +268,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+COMPILED_SUFFIX = "+compile"  # bench batch --eager-and-compiled: the compiled twin of a method
+
+
 def run_batch(args: argparse.Namespace) -> int:
     from specfold.api import decode_config_for, load_model, prepare_method
     from specfold.bench.batch import BatchBenchConfig, bench_batch, held_out_prompts, random_shape_model, shape_graph
@@ -288,14 +294,22 @@ def run_batch(args: argparse.Namespace) -> int:
     if graph is not None:
         graph = shape_graph(cfg.block_size)  # the embedded graph, or one within a shorter block (SDAR)
     runs = 1 + bench.repeats * len(bench.batch_sizes)  # the warm-up, then the grid
-    choose_compile(args, len(prompts) * args.max_new_tokens * len(args.methods) * runs)
-    methods = {}
+    if args.eager_and_compiled:
+        if args.compile is not None:
+            raise UsageError("--eager-and-compiled runs both; drop --compile / --no-compile")
+        modes = (False, True)
+    else:
+        modes = (choose_compile(args, len(prompts) * args.max_new_tokens * len(args.methods) * runs),)
+    methods, compiled_label = {}, {}
     for name in args.methods:
-        options = {"delta": args.delta, "backend": args.backend} if name == "specfold" else {}
-        options["compile"] = args.compile
-        if name != "vanilla" and graph is not None:
-            options["graph"] = graph
-        methods[name] = prepare_method(model, MethodConfig(name, **options), cfg)
+        for comp in modes:
+            options = {"delta": args.delta, "backend": args.backend} if name == "specfold" else {}
+            options["compile"] = comp
+            if name != "vanilla" and graph is not None:
+                options["graph"] = graph
+            label = name + (COMPILED_SUFFIX if comp and len(modes) == 2 else "")
+            methods[label] = prepare_method(model, MethodConfig(name, **options), cfg)
+            compiled_label[label] = comp
     bar = progress_bar(len(bench.batch_sizes) * len(methods) * bench.repeats, "bench batch")
 
     def progress(p) -> None:
@@ -307,26 +321,32 @@ def run_batch(args: argparse.Namespace) -> int:
     label = args.shape and f"random {args.shape} x{args.layers}L" or model.name
     if args.json:
         for pt in points:
-            print(json.dumps({"model": label, "dtype": args.dtype, "delta": args.delta, **pt.as_dict()}))
+            print(json.dumps({"model": label, "dtype": args.dtype, "delta": args.delta, **pt.as_dict(),
+                              "method": pt.method.removesuffix(COMPILED_SUFFIX), "compiled": compiled_label[pt.method]}))
         return 0
     print(f"{label}, {args.dtype}, {len(prompts)} prompts, max {args.max_new_tokens} new tokens, delta {args.delta}"
           + "".join(f", {k} {v}" for k, v in (("block", cfg.block_size), ("steps", cfg.steps), ("cache", cfg.cache))
                     if v is not None))
     base = {(p.method, p.batch_size): p for p in points}
-    print(f"{'R':>3} {'method':<9} {'tok/s':>8} {'vs R=1':>7} {'vs spiffy':>9} {'p50 s':>7} {'p95 s':>7} "
-          f"{'NFE':>6} {'acc':>5} {'fold':>5} {'agree':>6}")
+    both = args.eager_and_compiled
+    width = max(9, *(len(m) for m in methods))
+    print(f"{'R':>3} {'method':<{width}} {'tok/s':>8} {'vs R=1':>7} {'vs spiffy':>9} {'p50 s':>7} {'p95 s':>7} "
+          f"{'NFE':>6} {'acc':>5} {'fold':>5} {'agree':>6}" + (f" {'vs eager':>8}" if both else ""))
     for p in points:
         one = base.get((p.method, 1))
-        sp = base.get(("spiffy", p.batch_size))
+        suffix = COMPILED_SUFFIX if compiled_label[p.method] and both else ""
+        sp = base.get(("spiffy" + suffix, p.batch_size))
+        eager = base.get((p.method.removesuffix(COMPILED_SUFFIX), p.batch_size))
+        vs_eager = f" {p.tokens_per_second / eager.tokens_per_second:>8.2f}" if both and eager is not None else ""
         fr = "-" if p.fold_ratio is None else f"{p.fold_ratio:.2f}"
         vs_one = "-" if one is None else f"{p.tokens_per_second / one.tokens_per_second:.2f}"
         vs_spiffy = "-" if sp is None else f"{p.tokens_per_second / sp.tokens_per_second:.2f}"
         agree = "-" if p.agreement is None else f"{p.agreement:.2f}"
         window = "" if p.fold_ratio_block is None else f"  (fold: block rows {p.fold_ratio_block:.2f}, " + (
             "-" if p.fold_ratio_context is None else f"context rows {p.fold_ratio_context:.2f}") + ")"
-        print(f"{p.batch_size:>3} {p.method:<9} {p.tokens_per_second:>8.1f} {vs_one:>7} {vs_spiffy:>9} "
+        print(f"{p.batch_size:>3} {p.method:<{width}} {p.tokens_per_second:>8.1f} {vs_one:>7} {vs_spiffy:>9} "
               f"{p.latency_p50:>7.2f} {p.latency_p95:>7.2f} {p.nfe:>6} {p.accepted_drafts:>5} {fr:>5} {agree:>6}"
-              f"{window}")
+              f"{vs_eager}{window}")
     compiled = {p.method: p for p in points if p.compiled_graphs}
     if compiled:  # the forwards are shared: the first method to run pays for the graphs
         print("compiled: " + ", ".join(f"{m} {p.compiled_graphs} graphs in {p.compile_seconds:.1f} s"
