@@ -321,8 +321,9 @@ def run_batch(args: argparse.Namespace) -> int:
     label = args.shape and f"random {args.shape} x{args.layers}L" or model.name
     if args.json:
         for pt in points:
-            print(json.dumps({"model": label, "dtype": args.dtype, "delta": args.delta, **pt.as_dict(),
-                              "method": pt.method.removesuffix(COMPILED_SUFFIX), "compiled": compiled_label[pt.method]}))
+            name = pt.method.removesuffix(COMPILED_SUFFIX)
+            print(json.dumps({"model": label, "dtype": args.dtype, "delta": args.delta, **pt.as_dict(), "method": name,
+                              "compiled": compiled_label[pt.method]}))
         return 0
     print(f"{label}, {args.dtype}, {len(prompts)} prompts, max {args.max_new_tokens} new tokens, delta {args.delta}"
           + "".join(f", {k} {v}" for k, v in (("block", cfg.block_size), ("steps", cfg.steps), ("cache", cfg.cache))
