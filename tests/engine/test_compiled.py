@@ -70,9 +70,12 @@ def test_compiled_dense_passes_match_eager_with_bounded_graphs(fd_ckpt, backend)
 
 @pytest.mark.slow  # the ragged forward's graphs (and the pieces around its host reads): ~25 s of CPU more
 def test_compiled_ragged_passes_match_eager_with_bounded_graphs(fd_ckpt, backend):
-    """Batched passes of 2-3 requests over ragged prefixes and branch counts: eager's logits and argmax, and the
-    graphs stay within :data:`SMALL_GRAPH_BOUND`."""
+    """Batched passes of 2-3 requests over ragged prefixes and branch counts: eager's logits and argmax, the graphs
+    stay within :data:`SMALL_GRAPH_BOUND`, and none breaks (the host reads stay outside the compiled layer stack)."""
+    from torch._dynamo.utils import counters
+
     _, cfg, net = load_checkpoint(fd_ckpt, dtype=torch.float32)
+    breaks = sum(counters["graph_break"].values())
     eager, compiled = DenseVerifier(net), DenseVerifier(net, compile=True)
     gen = torch.Generator().manual_seed(0)
     n, start = 32, graphs_compiled()
@@ -91,6 +94,7 @@ def test_compiled_ragged_passes_match_eager_with_bounded_graphs(fd_ckpt, backend
     built = graphs_compiled() - start
     forwards = compiled_forwards(net)
     assert 0 < built <= SMALL_GRAPH_BOUND and forwards.graphs == built and forwards.compile_seconds > 0
+    assert sum(counters["graph_break"].values()) == breaks
 
 
 def test_cli_compiles_long_runs_only(capsys):

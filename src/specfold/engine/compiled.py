@@ -51,7 +51,10 @@ class CompiledForwards:
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
         self._forward = torch.compile(net.forward, dynamic=True, backend=BACKEND)
-        self._ragged = torch.compile(net.forward_ragged, dynamic=True, backend=BACKEND)
+        self._net = net
+        # NOTE: the layer stack only: forward_ragged's host reads (the longest prefix, the valid blocks, the slot
+        # order) stay outside the graph, which would otherwise break there (dynamo warns and splits it)
+        self._ragged_layers = torch.compile(net.ragged_layers, dynamic=True, backend=BACKEND)
         self.compile_seconds = 0.0
         self.graphs = 0
 
@@ -70,8 +73,9 @@ class CompiledForwards:
         return self._call(self._forward, *args, **kwargs)
 
     def forward_ragged(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, float, int]:
-        """:meth:`DLLM.forward_ragged`'s result, and the seconds and graphs this call spent compiling."""
-        return self._call(self._ragged, *args, **kwargs)
+        """:meth:`DLLM.forward_ragged`'s result (its layer stack compiled), and the seconds and graphs this call spent
+        compiling."""
+        return self._call(self._net.forward_ragged, *args, layers=self._ragged_layers, **kwargs)
 
 
 _OF: weakref.WeakKeyDictionary[DLLM, CompiledForwards] = weakref.WeakKeyDictionary()

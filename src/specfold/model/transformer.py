@@ -16,6 +16,7 @@ output, FFN and the LM head, since nothing else of it is used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -227,6 +228,7 @@ class DLLM(nn.Module):
         logit_rows: slice | None = None,
         valid: torch.Tensor | None = None,  # [R, K] bool: branch blocks to compute (the rest are padding)
         starts: torch.Tensor | None = None,  # [R] long: each block's first absolute position (default: lengths)
+        layers: Callable[..., torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Dense forward of ``R`` requests' branch blocks, each at positions ``lengths[r] ..`` over its request's
         prefix. Returns raw logits ``[R, K, T, V]`` (``[R, T, V]`` for 2-D tokens; ``T'`` rows with
@@ -238,7 +240,11 @@ class DLLM(nn.Module):
 
         ``starts``: the blocks' positions when they are not the cached lengths (Fast-dLLM v1's dual cache holds the
         suffix keys after the block: the block starts before the cache's end). Cache writes still go past
-        ``lengths``."""
+        ``lengths``.
+
+        The host-side work (the longest prefix, the valid blocks, RoPE tables) happens here; the layer stack runs in
+        :meth:`ragged_layers`, or in ``layers`` with its signature (:mod:`specfold.engine.compiled` passes it
+        compiled: a graph free of host reads)."""
         flat = tokens.dim() == 2
         if flat:
             tokens = tokens[:, None]
@@ -261,22 +267,43 @@ class DLLM(nn.Module):
         # Slots 0..R-1 in order (the batch decoder keeps them so) are read as a view; otherwise they are gathered.
         rows = slice(0, r) if in_order else slots
         h = F.embedding(tokens, self.embed).reshape(-1, self.cfg.hidden_size)  # [R*K*T, E] (or [B'*T, E])
-        for i, layer in enumerate(self.layers):
-            q, kk, v = layer.qkv(h, cos, sin, qscale)
-            kk, v = kk.view(-1, t, layer.hkv, layer.d), v.view(-1, t, layer.hkv, layer.d)  # [B', T, Hkv, D]
-            pk = cache.k[i, rows, :, :p_max]  # [R, Hkv, P, D]
-            pv = cache.v[i, rows, :, :p_max]
-            o = attend_ragged(q.view(-1, t, layer.hq, layer.d), pk, pv, lengths, request, kk, v, bias, self.scale)
-            if write_cache:
-                cache.write(i, slots, positions, kk, v)
-            h = h + layer.attn_out(o.to(h.dtype).reshape(-1, layer.hq, layer.d))
-            h = h + layer.ffn(h)
+        prefix = (cache.k[:, rows, :, :p_max], cache.v[:, rows, :, :p_max])  # [L, R, Hkv, P, D] each
+        write = (cache, slots, positions) if write_cache else None
+        h = (self.ragged_layers if layers is None else layers)(h, cos, sin, qscale, *prefix, lengths, request, bias,
+                                                               write)
         if keep is not None:
             h = h.view(-1, t, self.cfg.hidden_size)
             return self.logits(h if logit_rows is None else h[:, logit_rows])
         h = h.view(r, k, t, -1)
         out = self.logits(h if logit_rows is None else h[:, :, logit_rows])
         return out[:, 0] if flat else out
+
+    def ragged_layers(
+        self,
+        h: torch.Tensor,  # [B'*T, E] embedded rows of the computed blocks
+        cos: torch.Tensor,  # [B'*T, D]
+        sin: torch.Tensor,  # [B'*T, D]
+        qscale: torch.Tensor | None,  # [B'*T]
+        prefix_k: torch.Tensor,  # [L, R, Hkv, P, D] each request's prefix, padded past its length (a view)
+        prefix_v: torch.Tensor,  # [L, R, Hkv, P, D]
+        lengths: torch.Tensor,  # [R] long
+        request: torch.Tensor,  # [B'] long: each block's request
+        bias: torch.Tensor | None,  # [T, T] additive inside the block, None = bidirectional
+        write: tuple[BatchCache, torch.Tensor, torch.Tensor] | None = None,  # (cache, slots [R], positions [R, T])
+    ) -> torch.Tensor:
+        """:meth:`forward_ragged`'s layer stack: the last hidden rows ``[B'*T, E]``. With ``write``, each block's K/V
+        is stored at its request's positions."""
+        t = cos.shape[0] // request.shape[0]
+        for i, layer in enumerate(self.layers):
+            q, kk, v = layer.qkv(h, cos, sin, qscale)
+            kk, v = kk.view(-1, t, layer.hkv, layer.d), v.view(-1, t, layer.hkv, layer.d)  # [B', T, Hkv, D]
+            o = attend_ragged(q.view(-1, t, layer.hq, layer.d), prefix_k[i], prefix_v[i], lengths, request, kk, v,
+                              bias, self.scale)
+            if write is not None:
+                write[0].write(i, write[1], write[2], kk, v)
+            h = h + layer.attn_out(o.to(h.dtype).reshape(-1, layer.hq, layer.d))
+            h = h + layer.ffn(h)
+        return h
 
     def prefill(
         self,
