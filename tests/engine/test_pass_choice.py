@@ -30,6 +30,11 @@ def test_rule_follows_its_formula() -> None:
     # more rows and a higher fold ratio both make folding pay; the break-even moves down as the pass widens
     assert not mid.folding_pays(64, n, 128, 0.5) and mid.folding_pays(1024, n, 128, 0.5)
     assert not mid.folding_pays(256, n, 128, 0.1) and mid.folding_pays(256, n, 128, 0.9)
+    # a batched pass holds a main branch per request, none of which folds: 8 blocks of 6 requests keep far more rows
+    # than 8 blocks of one request at the same fold ratio of their drafts, and may not pay where one request does
+    assert free.remaining(m, n, 128, 1.0, roots=4) > free.remaining(m, n, 128, 1.0)
+    assert free.remaining(m, n, 128, 1.0, roots=8) == pytest.approx(1.0)  # every block a main branch: nothing folds
+    assert mid.folding_pays(256, n, 128, 0.5) and not mid.folding_pays(256, n, 128, 0.5, roots=6)
 
 
 def test_measured_once_per_shape(fd_ckpt) -> None:

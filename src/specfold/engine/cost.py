@@ -137,7 +137,9 @@ class LayerCost:
 # with ``w(f)`` the share of a dense layer's MACs that a fold ratio ``f`` leaves (the main branch is never folded;
 # the attention scores and o_proj run on every row, as direct attention runs them):
 #
-#     w(f) = (r · (qkv + ffn) + M · (attn(P) + o)) / (M · (qkv + attn(P) + o + ffn)),   r = N + (1 − f)(M − N)
+#     w(f) = (r · (qkv + ffn) + M · (attn(P) + o)) / (M · (qkv + attn(P) + o + ffn)),   r = S·N + (1 − f)(M − S·N)
+#
+# (S main branches: one per request of the pass, none of which folds)
 #
 # A pass of M rows over P keys folds iff  G < t_dense · s(M, P) · (1 − w(f̂)),  s = the pass's dense MACs over the
 # calibration's. ``f̂`` is the verifier's running fold ratio (see :class:`specfold.engine.folded.FoldedVerifier`).
@@ -160,16 +162,17 @@ class PassCost:
         c = self.layer
         return m * (c.qkv + c.attn_per_key * (prefix + n) + c.o + c.ffn)
 
-    def remaining(self, m: int, n: int, prefix: int, fold: float) -> float:
-        """``w(f)``: the share of the dense layer's MACs still computed at fold ratio ``fold``."""
+    def remaining(self, m: int, n: int, prefix: int, fold: float, roots: int = 1) -> float:
+        """``w(f)``: the share of the dense layer's MACs still computed at fold ratio ``fold``, with ``roots`` main
+        branches (one per request of a batched pass) that never fold."""
         c = self.layer
-        r = n + (1.0 - fold) * max(m - n, 0)
+        r = roots * n + (1.0 - fold) * max(m - roots * n, 0)
         kept = r * (c.qkv + c.ffn) + m * (c.attn_per_key * (prefix + n) + c.o)
         return kept / self._dense_macs(m, prefix, n)
 
-    def folding_pays(self, m: int, n: int, prefix: int, fold: float) -> bool:
-        """Whether a pass of ``m`` rows (block ``n``, ``prefix`` keys) expected to fold ``fold`` of its draft
-        triples beats the dense pass, per layer."""
+    def folding_pays(self, m: int, n: int, prefix: int, fold: float, roots: int = 1) -> bool:
+        """Whether a pass of ``m`` rows (block ``n``, ``prefix`` keys, ``roots`` requests' main branches) expected to
+        fold ``fold`` of its draft triples beats the dense pass, per layer."""
         scale = self._dense_macs(m, prefix, n) / self._dense_macs(PASS_ROWS, PASS_PREFIX, PASS_BLOCK)
-        saved = self.dense_seconds * scale * (1.0 - self.remaining(m, n, prefix, fold))
+        saved = self.dense_seconds * scale * (1.0 - self.remaining(m, n, prefix, fold, roots))
         return self.gate_seconds < saved

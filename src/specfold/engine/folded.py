@@ -171,7 +171,7 @@ class FoldedVerifier:
         dev = net.device
         local, checked = self._parents(batch.parents)
         rows = sum(batch.branches) * n
-        if self._dense_pass(rows, n, batch.lengths):
+        if self._dense_pass(rows, n, batch.lengths, roots=r):
             logits = self._dense.verify_batch(batch).logits
             return BatchVerifyResult(logits, self._dense_stats(checked, n, batch.branches))
         lengths = batch.lengths.to(dev)
@@ -206,17 +206,18 @@ class FoldedVerifier:
         self._observe(sum(stats, FoldStats()))
         return BatchVerifyResult(per_request, stats)
 
-    def _dense_pass(self, m: int, n: int, prefix: int | torch.Tensor) -> bool:
+    def _dense_pass(self, m: int, n: int, prefix: int | torch.Tensor, roots: int = 1) -> bool:
         """The per-pass rule (``cfg.pass_choice``): whether a pass of ``m`` rows (block ``n``, ``prefix`` keys, or
-        the requests' host-side lengths ``[R]``, averaged) runs dense, decided before any gate from
-        :attr:`pass_cost` and the running fold ratio. Without a rule nothing is read."""
+        the requests' host-side lengths ``[R]``, averaged; ``roots`` requests, each with a main branch that never
+        folds) runs dense, decided before any gate from :attr:`pass_cost` and the running fold ratio. Without a rule
+        nothing is read."""
         choice = self.cfg.pass_choice
         if choice != "auto":
             return choice == "dense"
         if self.pass_cost is None:
             return False
         keys = prefix if isinstance(prefix, int) else int(prefix.float().mean())  # NOTE: host lengths, no sync
-        return not self.pass_cost.folding_pays(m, n, keys, self.fold_estimate)
+        return not self.pass_cost.folding_pays(m, n, keys, self.fold_estimate, roots)
 
     def _compile_cost(self, stats: list[FoldStats]) -> list[FoldStats]:
         """The compiled folded layer's compile seconds and graphs of this pass, on its first request."""

@@ -1,0 +1,88 @@
+"""How much ``torch.compile`` can gain on a dense verification pass of the embedded model, on this machine.
+
+A compiler fuses the framework ops around the GEMMs; it does not make the GEMMs themselves faster (inductor calls
+the same BLAS for them). So a pass can run at best at its *GEMM floor*: the same linear layers (QKV, o_proj,
+gate/up, down in every layer, then the LM head) at the pass's row count, with the model's own weights, one after
+the other and nothing else. ``eager ÷ floor`` is the most any compilation of the pass can gain; ``eager ÷ compiled``
+is what :mod:`specfold.engine.compiled` gains. Passes of K branches of 32 rows over a prefix of P keys, one thread,
+the three timed side by side (interleaved rounds, medians).
+
+    python scripts/compile_ceiling.py [--branches 1,3,8] [--prefix 160] [--dtype fp32] [--repeats 15] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+import specfold
+from specfold.engine.compiled import compiled_forwards
+from specfold.timing import interleaved
+
+
+def gemm_floor(net, rows: int):
+    """The pass's GEMMs alone: every layer's four linears and the head over ``rows`` rows (inputs made once)."""
+    e = net.cfg.hidden_size
+    x = torch.randn(rows, e, dtype=net.dtype)
+    xo = torch.randn(rows, net.layers[0].wo.shape[1], dtype=net.dtype)
+    xd = torch.randn(rows, net.layers[0].w_down.shape[1], dtype=net.dtype)
+
+    def run() -> None:
+        for layer in net.layers:
+            F.linear(x, layer.wqkv, layer.bqkv)
+            F.linear(xo, layer.wo)
+            F.linear(x, layer.w_gate_up)
+            F.linear(xd, layer.w_down)
+        F.linear(x, net.head_weight())
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--branches", default="1,3,8", help="K values, comma-separated (default 1,3,8)")
+    ap.add_argument("--prefix", type=int, default=160, help="cached prefix keys (default 160)")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--json", action="store_true", help="one JSON object per K")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    net = specfold.load_model(dtype=args.dtype).net
+    gen = torch.Generator().manual_seed(0)
+    cache = net.new_cache(args.prefix + 32)
+    net.prefill(torch.randint(0, net.cfg.vocab_size - 1, (args.prefix,), generator=gen), cache, mask="block_causal")
+    forwards = compiled_forwards(net)
+    results = []
+    with torch.no_grad():
+        for k in [int(x) for x in args.branches.split(",")]:
+            states = torch.randint(0, net.cfg.vocab_size - 1, (k, 32), generator=gen)
+            t0 = time.perf_counter()
+            forwards.forward(states, cache, mask="bidirectional")
+            compile_s = time.perf_counter() - t0
+            runs = {
+                "eager": lambda s=states: net(s, cache, mask="bidirectional"),
+                "compiled": lambda s=states: forwards.forward(s, cache, mask="bidirectional"),
+                "gemm_floor": gemm_floor(net, k * 32),
+            }
+            t = interleaved(runs, args.repeats, warmup=2)
+            e, c, f = (t[x].median for x in ("eager", "compiled", "gemm_floor"))
+            results.append({"branches": k, "rows": k * 32, "prefix": args.prefix, "dtype": args.dtype,
+                            "eager_ms": e * 1e3, "compiled_ms": c * 1e3, "gemm_floor_ms": f * 1e3,
+                            "compiled_gain": e / c, "ceiling": e / f, "first_call_s": compile_s})
+    if args.json:
+        for r in results:
+            print(json.dumps(r))
+        return
+    print(f"embedded model, {args.dtype}, one thread, prefix {args.prefix}, medians of {args.repeats} interleaved rounds")
+    print(f"{'K':>3} {'rows':>5} {'eager ms':>9} {'compiled':>9} {'GEMMs':>7} {'gain':>6} {'ceiling':>8}")
+    for r in results:
+        print(f"{r['branches']:>3} {r['rows']:>5} {r['eager_ms']:>9.2f} {r['compiled_ms']:>9.2f} "
+              f"{r['gemm_floor_ms']:>7.2f} {r['compiled_gain']:>6.2f} {r['ceiling']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
