@@ -68,6 +68,36 @@ def test_compiled_dense_passes_match_eager_with_bounded_graphs(fd_ckpt, backend)
     assert 0 < forwards.graphs == graphs_compiled() - start <= 2 and forwards.compile_seconds > 0
 
 
+def test_specfold_dense_passes_report_what_they_compiled(fd_ckpt, backend):
+    """A specfold pass the dense verifier runs (no drafts, or the per-pass rule's dense pass, batch-1 and batched)
+    reports the compile seconds and graphs of its compiled forward, as vanilla's and spiffy's do: the first pass of
+    each shape compiled (graphs > 0, seconds > 0), a repeat compiled nothing."""
+    from dataclasses import replace
+
+    from specfold.engine.folded import FoldedVerifier
+
+    _, cfg, net = load_checkpoint(fd_ckpt, dtype=torch.float32)
+    verifier = FoldedVerifier(net, 0.1, compile=True)
+    verifier.cfg = replace(verifier.cfg, pass_choice="dense")
+    gen = torch.Generator().manual_seed(0)
+    cache = net.new_cache(128)
+    net(torch.randint(0, 299, (20,), generator=gen)[None], cache, mask="causal", write_cache=True)
+    for k in (1, 3):
+        states = torch.randint(0, 299, (k, 32), generator=gen)
+        parents = torch.tensor([-1] + [0] * (k - 1))
+        first, again = (verifier.verify(cache, states, parents).stats for _ in range(2))
+        assert first.compiled_graphs > 0 and first.compile_seconds > 0, k
+        assert (again.compiled_graphs, again.compile_seconds) == (0, 0.0), k
+    batch_cache = BatchCache(cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim, 128, net.dtype)
+    for slot, t in enumerate((9, 30)):
+        net.prefill(torch.randint(0, 299, (t,), generator=gen), batch_cache.slot(slot), mask="block_causal")
+    states = torch.randint(0, 299, (2, 2, 32), generator=gen)
+    parents = torch.tensor([[-1, 0], [-1, 0]])
+    batch = BatchBranches(batch_cache, torch.arange(2), torch.tensor([9, 30]), states, parents, [2, 2])
+    stats = verifier.verify_batch(batch).stats
+    assert stats[0].compiled_graphs > 0 and stats[0].compile_seconds > 0 and stats[1].compiled_graphs == 0
+
+
 @pytest.mark.slow  # the ragged forward's graphs (and the pieces around its host reads): ~25 s of CPU more
 def test_compiled_ragged_passes_match_eager_with_bounded_graphs(fd_ckpt, backend):
     """Batched passes of 2-3 requests over ragged prefixes and branch counts: eager's logits and argmax, the graphs

@@ -61,6 +61,13 @@ FOLD_PRIOR = 0.5  # f̂ before the first folded pass (the paper: 0.52-0.67 at δ
 FOLD_MEMORY = 8  # passes the running fold ratio f̂ averages over (an exponential mean)
 
 
+def _compile_cost_of(dense: list[FoldStats], stats: list[FoldStats]) -> list[FoldStats]:
+    """``stats`` (per request) with the compile seconds and graphs a dense pass's statistics ``dense`` carry (the
+    compiled forwards put a pass's on its first request): a pass run by the dense verifier reports what it compiled."""
+    return [replace(s, compile_seconds=d.compile_seconds, compiled_graphs=d.compiled_graphs) if d.compiled_graphs
+            else s for d, s in zip(dense, stats, strict=True)]
+
+
 class FoldedVerifier:
     """SpecFold verification behind the :class:`~specfold.engine.base.Verifier` interface.
 
@@ -137,12 +144,13 @@ class FoldedVerifier:
         k, n = states.shape
         head = None if rows is None else (k - 1) * (rows.stop - rows.start) * len(net.layers)  # block draft triples
         if k == 1 and not trace:  # no drafts: nothing can fold
-            return VerifyResult(self._dense.verify(cache, states, parents, rows).logits, self._root_stats(n)), None
+            dense = self._dense.verify(cache, states, parents, rows)
+            return VerifyResult(dense.logits, _compile_cost_of([dense.stats], [self._root_stats(n)])[0]), None
         par, checked = self._parents(parents[None])
         if not trace and self._dense_pass(k * n, n, cache.length):
-            logits = self._dense.verify(cache, states, parents, rows).logits
-            stats = self._dense_stats(checked, n, [k])[0]
-            return VerifyResult(logits, stats if head is None else replace(stats, block_draft_triples=head)), None
+            dense = self._dense.verify(cache, states, parents, rows)
+            stats = _compile_cost_of([dense.stats], self._dense_stats(checked, n, [k]))[0]
+            return VerifyResult(dense.logits, stats if head is None else replace(stats, block_draft_triples=head)), None
         cos, sin, qscale = net.rope_tables(cache.start, n)
         graph = BranchGraph.of(checked[0], net.device) if self.cfg.backend == "torch" else None
         ctx = LayerContext(cos=cos, sin=sin, qscale=qscale, scale=net.scale, parents=par.reshape(-1), graph=graph)
@@ -166,14 +174,15 @@ class FoldedVerifier:
         net = self.net
         r, kb, n = batch.states.shape
         if all(b == 1 for b in batch.branches):  # no request has drafts (every block start at R = 1)
-            logits = self._dense.verify_batch(batch).logits
-            return BatchVerifyResult(logits, [self._root_stats(n)] * len(batch.branches))
+            dense = self._dense.verify_batch(batch)
+            return BatchVerifyResult(dense.logits, _compile_cost_of(dense.stats, [self._root_stats(n)] * r))
         dev = net.device
         local, checked = self._parents(batch.parents)
         rows = sum(batch.branches) * n
         if self._dense_pass(rows, n, batch.lengths, roots=r):
-            logits = self._dense.verify_batch(batch).logits
-            return BatchVerifyResult(logits, self._dense_stats(checked, n, batch.branches))
+            dense = self._dense.verify_batch(batch)
+            return BatchVerifyResult(dense.logits, _compile_cost_of(dense.stats, self._dense_stats(checked, n,
+                                                                                                 batch.branches)))
         lengths = batch.lengths.to(dev)
         ragged = self.cfg.backend == "torch"
         counts_of = [kb] * r if not ragged else batch.branches  # rows per request in the pass
