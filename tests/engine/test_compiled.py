@@ -76,6 +76,7 @@ def test_specfold_dense_passes_report_what_they_compiled(fd_ckpt, backend):
 
     from specfold.engine.folded import FoldedVerifier
 
+    torch._dynamo.reset()  # the graphs of earlier tests' (same-shaped) checkpoints would serve this one
     _, cfg, net = load_checkpoint(fd_ckpt, dtype=torch.float32)
     verifier = FoldedVerifier(net, 0.1, compile=True)
     verifier.cfg = replace(verifier.cfg, pass_choice="dense")

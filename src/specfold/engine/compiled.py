@@ -43,13 +43,22 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _dynamic_config() -> None:
+    """Dynamo settings every compiled part here needs: room for the few specialisations dynamic shapes still make,
+    and no duck shaping (two dimensions of equal size on the first call — 8 layers and 8 requests, 32 rows and a
+    32-key prefix — would be assumed equal for ever, and every later call where they differ would recompile)."""
+    import torch._dynamo
+    import torch.fx.experimental._config as fx_config
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
+    fx_config.use_duck_shape = False
+
+
 class CompiledForwards:
     """The model's two dense forwards compiled, with the compile seconds and graphs of the calls so far."""
 
     def __init__(self, net: DLLM) -> None:
-        import torch._dynamo
-
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
+        _dynamic_config()
         self._forward = torch.compile(net.forward, dynamic=True, backend=BACKEND)
         self._net = net
         # NOTE: the layer stack only: forward_ragged's host reads (the longest prefix, the valid blocks, the slot
@@ -124,10 +133,8 @@ class CompiledFold:
     share. ``backend=None`` runs the same pieces uncompiled: the compiled layer's reference (same signature)."""
 
     def __init__(self, backend: str | None = "default") -> None:
-        import torch._dynamo
-
         backend = BACKEND if backend == "default" else backend
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
+        _dynamic_config()
         wrap = (lambda f: f) if backend is None else (lambda f: torch.compile(f, dynamic=True, backend=backend))
         self._plan, self._attention, self._ffn = wrap(_plan_tuple), wrap(_attention_tuple), wrap(_ffn_tuple)
         self.compile_seconds = 0.0

@@ -198,24 +198,38 @@ def attend_ragged(
     hkv, p_len = block_k.shape[2], prefix_k.shape[2]
     group = max(1, SCORE_BUDGET // max(1, (p_len + t) * hkv * d))
     request = request.to(q.device)
-    keys = torch.arange(p_len, device=q.device)
     live = lengths.to(q.device).index_select(0, request)  # [B] prefix length of each branch's request
-    outs = []
-    for a in range(0, b, group):
-        e = min(b, a + group)
-        n = e - a
-        qs = q[a:e].transpose(1, 2)  # [n, Hq, T, D]
-        bk = block_k[a:e].transpose(1, 2)  # [n, Hkv, T, D]
-        bv = block_v[a:e].transpose(1, 2)
-        mask = torch.zeros(n, 1, t, p_len + t, dtype=q.dtype, device=q.device)  # [n, 1, T, P+T] additive
-        if p_len:
-            pad = keys[None, :] >= live[a:e, None]  # [n, P]
-            mask[:, 0, :, :p_len].masked_fill_(pad[:, None, :], float("-inf"))
-            own = request[a:e]
-            bk = torch.cat([prefix_k.index_select(0, own), bk], dim=2)  # [n, Hkv, P+T, D]
-            bv = torch.cat([prefix_v.index_select(0, own), bv], dim=2)
-        if bias is not None:
-            mask[:, 0, :, p_len:] = bias.to(q.dtype)
-        o = F.scaled_dot_product_attention(qs, bk, bv, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
-        outs.append(o.transpose(1, 2))
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    if b <= group:  # NOTE: no loop over a range of b: under torch.compile that would specialise every block count
+        return _ragged_group(q, prefix_k, prefix_v, live, request, block_k, block_v, bias, scale)
+    outs = [_ragged_group(q[a:a + group], prefix_k, prefix_v, live[a:a + group], request[a:a + group],
+                          block_k[a:a + group], block_v[a:a + group], bias, scale) for a in range(0, b, group)]
+    return torch.cat(outs)
+
+
+def _ragged_group(
+    q: torch.Tensor,  # [n, T, Hq, D]
+    prefix_k: torch.Tensor,  # [S, Hkv, P, D]
+    prefix_v: torch.Tensor,  # [S, Hkv, P, D]
+    live: torch.Tensor,  # [n] long: each branch's prefix length
+    request: torch.Tensor,  # [n] long
+    block_k: torch.Tensor,  # [n, T, Hkv, D]
+    block_v: torch.Tensor,  # [n, T, Hkv, D]
+    bias: torch.Tensor | None,  # [T, T]
+    scale: float,
+) -> torch.Tensor:
+    """:func:`attend_ragged` for one group of branches: ``o [n, T, Hq, D]``."""
+    n, t, hq, _ = q.shape
+    hkv, p_len = block_k.shape[2], prefix_k.shape[2]
+    qs = q.transpose(1, 2)  # [n, Hq, T, D]
+    bk = block_k.transpose(1, 2)  # [n, Hkv, T, D]
+    bv = block_v.transpose(1, 2)
+    mask = torch.zeros(n, 1, t, p_len + t, dtype=q.dtype, device=q.device)  # [n, 1, T, P+T] additive
+    if p_len:
+        pad = torch.arange(p_len, device=q.device)[None, :] >= live[:, None]  # [n, P]
+        mask[:, 0, :, :p_len].masked_fill_(pad[:, None, :], float("-inf"))
+        bk = torch.cat([prefix_k.index_select(0, request), bk], dim=2)  # [n, Hkv, P+T, D]
+        bv = torch.cat([prefix_v.index_select(0, request), bv], dim=2)
+    if bias is not None:
+        mask[:, 0, :, p_len:] = bias.to(q.dtype)
+    o = F.scaled_dot_product_attention(qs, bk, bv, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
+    return o.transpose(1, 2)

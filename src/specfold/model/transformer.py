@@ -266,7 +266,7 @@ class DLLM(nn.Module):
         bias = block_bias(mask, t, self.cfg.block_size, self.dtype, self.device)
         # Slots 0..R-1 in order (the batch decoder keeps them so) are read as a view; otherwise they are gathered.
         rows = slice(0, r) if in_order else slots
-        h = F.embedding(tokens, self.embed).reshape(-1, self.cfg.hidden_size)  # [R*K*T, E] (or [B'*T, E])
+        h = F.embedding(tokens.reshape(-1), self.embed)  # [R*K*T, E] (or [B'*T, E])
         prefix = (cache.k[:, rows, :, :p_max], cache.v[:, rows, :, :p_max])  # [L, R, Hkv, P, D] each
         write = (cache, slots, positions) if write_cache else None
         h = (self.ragged_layers if layers is None else layers)(h, cos, sin, qscale, *prefix, lengths, request, bias,
