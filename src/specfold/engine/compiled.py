@@ -44,14 +44,13 @@ def graphs_compiled() -> int:
 
 
 def _dynamic_config() -> None:
-    """Dynamo settings every compiled part here needs: room for the few specialisations dynamic shapes still make,
-    and no duck shaping (two dimensions of equal size on the first call — 8 layers and 8 requests, 32 rows and a
-    32-key prefix — would be assumed equal for ever, and every later call where they differ would recompile)."""
+    """Room for the few specialisations dynamic shapes still make. NOTE: duck shaping stays on: without it the
+    ragged layer stack's symbols multiply and inductor's post-grad passes spent over 20 minutes in sympy on one
+    graph (py-spy, AVX2 EPYC); with it, two sizes equal on a graph's first call (8 layers, 8 requests) are one
+    symbol until a call tells them apart, and that call compiles once more."""
     import torch._dynamo
-    import torch.fx.experimental._config as fx_config
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
-    fx_config.use_duck_shape = False
 
 
 class CompiledForwards:
