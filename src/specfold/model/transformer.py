@@ -265,6 +265,7 @@ class DLLM(nn.Module):
         cos, sin, qscale = self.rotary.tables(block_pos.reshape(-1), self.dtype)
         bias = block_bias(mask, t, self.cfg.block_size, self.dtype, self.device)
         # Slots 0..R-1 in order (the batch decoder keeps them so) are read as a view; otherwise they are gathered.
+        # NOTE: gathered for every layer at once (L x one layer's prefixes in memory; the decoding core never does)
         rows = slice(0, r) if in_order else slots
         h = F.embedding(tokens.reshape(-1), self.embed)  # [R*K*T, E] (or [B'*T, E])
         prefix = (cache.k[:, rows, :, :p_max], cache.v[:, rows, :, :p_max])  # [L, R, Hkv, P, D] each
