@@ -59,6 +59,7 @@ from specfold.model.transformer import DLLM
 
 FOLD_PRIOR = 0.5  # f̂ before the first folded pass (the paper: 0.52-0.67 at δ = 0.1)
 FOLD_MEMORY = 8  # passes the running fold ratio f̂ averages over (an exponential mean)
+DENSE_STATS_KEPT = 1024  # statistics of dense passes kept per verifier (by shape and branch graph)
 
 
 def _compile_cost_of(dense: list[FoldStats], stats: list[FoldStats]) -> list[FoldStats]:
@@ -113,6 +114,7 @@ class FoldedVerifier:
 
             self._fold = compiled_fold(net)
         self._root_stats_of: dict[int, FoldStats] = {}  # per N
+        self._dense_stats_of: dict[tuple, list[FoldStats]] = {}  # per (N, branches, parents): the rule's dense passes
 
     @property
     def delta(self) -> float:
@@ -247,6 +249,15 @@ class FoldedVerifier:
         (drafts counted, none folded), ``dense_passes`` 1."""
         if isinstance(parents, torch.Tensor):
             parents = [[int(p) for p in row] for row in parents.tolist()]
+        key = (n, tuple(branches), tuple(tuple(row[:b]) for row, b in zip(parents, branches, strict=True)))
+        if key in self._dense_stats_of:  # NOTE: a pass's statistics cost more than a small dense pass's rows
+            return self._dense_stats_of[key]
+        if len(self._dense_stats_of) >= DENSE_STATS_KEPT:
+            self._dense_stats_of.clear()
+        self._dense_stats_of[key] = out = self._dense_stats_made(parents, n, branches)
+        return out
+
+    def _dense_stats_made(self, parents: list[list[int]], n: int, branches: list[int]) -> list[FoldStats]:
         width = sum(branches)
         every, none = torch.full((width,), n, dtype=torch.long), torch.zeros(width, dtype=torch.long)
         counts = [LayerCounts(folded=none, ffn_folded=none, guard=none, recomputed=every, corrected=none, dense=True)
