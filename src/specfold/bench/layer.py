@@ -44,7 +44,7 @@ from specfold.engine.folded_layer import folded_layer
 from specfold.engine.gate import BranchGraph
 from specfold.engine.layer_types import BACKENDS, FoldConfig, LayerContext
 from specfold.engine.plan import correction_plan, gate_and_compact
-from specfold.model.attention import attend
+from specfold.model.attention import attend_fused
 from specfold.model.rope import Rotary
 from specfold.model.transformer import Layer
 from specfold.timing import interleaved
@@ -116,9 +116,9 @@ def dense_layer(
     """The dense verifier's layer over all ``K`` branches (as in :meth:`DLLM.forward`). Returns ``[K*N, E]``."""
     n = ctx.cos.shape[0]
     q, kk, v = layer.qkv(h, ctx.cos.repeat(k, 1), ctx.sin.repeat(k, 1), None)
-    st = attend(q.view(k, n, layer.hq, layer.d), prefix_k, prefix_v, kk.view(k, n, layer.hkv, layer.d),
-                v.view(k, n, layer.hkv, layer.d), None, ctx.scale)
-    h = h + layer.attn_out(st.o.to(h.dtype).reshape(k * n, layer.hq, layer.d))
+    o = attend_fused(q.view(k, n, layer.hq, layer.d), prefix_k, prefix_v, kk.view(k, n, layer.hkv, layer.d),
+                     v.view(k, n, layer.hkv, layer.d), None, ctx.scale)
+    h = h + layer.attn_out(o.to(h.dtype).reshape(k * n, layer.hq, layer.d))
     return h + layer.ffn(h)
 
 
@@ -137,9 +137,9 @@ def rows_layer(
     o_proj on all ``K·N`` rows; no gate, no gathers. Returns ``[R, E]``."""
     r = packed.shape[0]
     q, kk, v = layer.qkv(packed, cos, sin, None)
-    st = attend(q.view(1, r, layer.hq, layer.d), prefix_k, prefix_v, kk[:n].view(1, n, layer.hkv, layer.d),
-                v[:n].view(1, n, layer.hkv, layer.d), None, scale)
-    o_all[:r] = st.o.to(o_all.dtype).reshape(r, -1)  # (MHA: o is a strided view)
+    o = attend_fused(q.view(1, r, layer.hq, layer.d), prefix_k, prefix_v, kk[:n].view(1, n, layer.hkv, layer.d),
+                     v[:n].view(1, n, layer.hkv, layer.d), None, scale)
+    o_all[:r] = o.to(o_all.dtype).reshape(r, -1)  # (MHA: o is a strided view)
     h1 = packed + layer.attn_out(o_all.view(o_all.shape[0], layer.hq, layer.d))[:r]
     return h1 + layer.ffn(h1)
 

@@ -22,7 +22,7 @@ from specfold.engine.gate import fold_mask, relative_residual
 from specfold.engine.layer_types import FoldConfig, LayerContext, LayerCounts, LayerTrace
 from specfold.engine.plan import FoldPlan, StaticPlan, correction_plan, dense_plan, pool_index, pool_rows
 from specfold.engine.profiling import part
-from specfold.model.attention import accumulation_dtype, attend, attend_ragged
+from specfold.model.attention import accumulation_dtype, attend_fused, attend_ragged
 from specfold.model.linear import bucket_index
 from specfold.model.transformer import Layer
 
@@ -152,7 +152,7 @@ def _direct_attention(layer, h, plan, ctx, prefix_k, prefix_v, trace: bool = Fal
                 request = torch.arange(s, device=h.device).repeat_interleave(k // s)
             o = attend_ragged(q_tab, prefix_k, prefix_v, live.long(), request, k_tab, v_tab, None, ctx.scale)
         else:
-            o = attend(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale).o
+            o = attend_fused(q_tab, prefix_k, prefix_v, k_tab, v_tab, None, ctx.scale)
     with part("o_proj"):
         h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, *q.shape[1:]))
     zero = torch.zeros(k, dtype=torch.long, device=h.device)

@@ -13,7 +13,7 @@ from specfold.engine.folded_layer import folded_layer
 from specfold.engine.gate import BranchGraph
 from specfold.engine.layer_types import FoldConfig, LayerContext
 from specfold.engine.plan import gate_and_compact
-from specfold.model.attention import attend
+from specfold.model.attention import attend_fused
 from specfold.timing import interleaved
 
 _PASS_MEASURED: dict[tuple, tuple[float, float, float]] = {}
@@ -49,8 +49,8 @@ def measure_pass(net, layer_cost: LayerCost, repeats: int = 5) -> PassCost:
 
         def dense() -> None:
             q, kk, vv = layer.qkv(h, cos.repeat(k, 1), sin.repeat(k, 1), None if qscale is None else qscale.repeat(k))
-            o = attend(q.view(k, n, layer.hq, layer.d), pk, pv, kk.view(k, n, layer.hkv, layer.d),
-                       vv.view(k, n, layer.hkv, layer.d), None, net.scale).o
+            o = attend_fused(q.view(k, n, layer.hq, layer.d), pk, pv, kk.view(k, n, layer.hkv, layer.d),
+                             vv.view(k, n, layer.hkv, layer.d), None, net.scale)
             h1 = h + layer.attn_out(o.to(h.dtype).reshape(k * n, layer.hq, layer.d))
             h1 + layer.ffn(h1)
 

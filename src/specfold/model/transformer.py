@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfold.config import ModelConfig
-from specfold.model.attention import AttnState, attend, attend_prefill, attend_ragged, block_bias
+from specfold.model.attention import attend_fused, attend_prefill, attend_ragged, block_bias
 from specfold.model.cache import BatchCache, PrefixCache
 from specfold.model.linear import linear, pad_rows
 from specfold.model.rope import Rotary, apply_rotary
@@ -203,14 +203,14 @@ class DLLM(nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(h, cos_r, sin_r, qscale_r)
             pk, pv = (None, None) if cache is None else cache.layer(i)
-            state: AttnState = attend(
+            o = attend_fused(
                 q.view(b, t, layer.hq, layer.d), pk, pv, k.view(b, t, layer.hkv, layer.d),
                 v.view(b, t, layer.hkv, layer.d), bias, self.scale,
             )
             if write_cache:
                 rows = cache_rows if picked else slice(0, w)
                 cache.write(i, k[rows], v[rows])
-            h = h + layer.attn_out(state.o.to(h.dtype).reshape(b * t, layer.hq, layer.d))
+            h = h + layer.attn_out(o.to(h.dtype).reshape(b * t, layer.hq, layer.d))
             h = h + layer.ffn(h)
         if write_cache:
             cache.commit(w)
