@@ -61,8 +61,11 @@ class CompiledForwards:
         self._forward = torch.compile(net.forward, dynamic=True, backend=BACKEND)
         self._net = net
         # NOTE: the layer stack only: forward_ragged's host reads (the longest prefix, the valid blocks, the slot
-        # order) stay outside the graph, which would otherwise break there (dynamo warns and splits it)
-        self._ragged_layers = torch.compile(net.ragged_layers, dynamic=True, backend=BACKEND)
+        # order) stay outside the graph, which would otherwise break there (dynamo warns and splits it). Only the
+        # sizes that change between passes are symbols (_ragged_layers marks them); the rest (layers, heads, block,
+        # the cache's slots and capacity) stay constants: with every size a symbol (dynamic=True) inductor spent
+        # minutes simplifying one graph's shape expressions on this project's CPU, with these few 20-30 s.
+        self._ragged_compiled = torch.compile(net.ragged_layers, dynamic=None, backend=BACKEND)
         self.compile_seconds = 0.0
         self.graphs = 0
 
@@ -84,6 +87,21 @@ class CompiledForwards:
         """:meth:`DLLM.forward_ragged`'s result (its layer stack compiled), and the seconds and graphs this call spent
         compiling."""
         return self._call(self._net.forward_ragged, *args, layers=self._ragged_layers, **kwargs)
+
+    def _ragged_layers(self, h, cos, sin, qscale, prefix_k, prefix_v, lengths, request, bias, write):
+        """:meth:`DLLM.ragged_layers` compiled, its changing sizes marked dynamic: the blocks ``B'`` (rows of ``h``,
+        ``cos``, ``sin``, ``qscale``, ``request``), the requests ``R`` and the longest prefix ``P`` (``prefix_k``,
+        ``prefix_v`` ``[L, R, Hkv, P, D]``, ``lengths``, the write's slots and positions). A size of 1 still gets
+        its own graph (dynamo specialises 0 and 1): a bounded handful in all, counted in :attr:`graphs`."""
+        marks = [(h, 0), (cos, 0), (sin, 0), (request, 0), (lengths, 0), (prefix_k, 1), (prefix_k, 3),
+                 (prefix_v, 1), (prefix_v, 3)]
+        if qscale is not None:
+            marks.append((qscale, 0))
+        if write is not None:
+            marks += [(write[1], 0), (write[2], 0)]
+        for tensor, dim in marks:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        return self._ragged_compiled(h, cos, sin, qscale, prefix_k, prefix_v, lengths, request, bias, write)
 
 
 _OF: weakref.WeakKeyDictionary[DLLM, CompiledForwards] = weakref.WeakKeyDictionary()

@@ -218,11 +218,13 @@ def attend_ragged(
     P = 200 on this project's CPU); branches are grouped so one copy stays under :data:`SCORE_BUDGET` elements."""
     b, t, hq, d = q.shape
     hkv, p_len = block_k.shape[2], prefix_k.shape[2]
-    group = max(1, SCORE_BUDGET // max(1, (p_len + t) * hkv * d))
     request = request.to(q.device)
     live = None if lengths is None else lengths.to(q.device).index_select(0, request)  # [B] each branch's prefix
-    if b <= group:  # NOTE: no loop over a range of b: under torch.compile that would specialise every block count
+    # NOTE: no loop over a range of b and no division in the test: under torch.compile the one would specialise every
+    # block count, the other make a floor-division symbol (slow to simplify)
+    if b * (p_len + t) * hkv * d <= SCORE_BUDGET:
         return _ragged_group(q, prefix_k, prefix_v, live, request, block_k, block_v, bias, scale)
+    group = max(1, SCORE_BUDGET // max(1, (p_len + t) * hkv * d))
     outs = [_ragged_group(q[a:a + group], prefix_k, prefix_v, None if live is None else live[a:a + group],
                           request[a:a + group],
                           block_k[a:a + group], block_v[a:a + group], bias, scale) for a in range(0, b, group)]

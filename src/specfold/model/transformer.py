@@ -267,13 +267,15 @@ class DLLM(nn.Module):
         # Slots 0..R-1 in order (the batch decoder keeps them so) are read as a view; otherwise they are gathered.
         # NOTE: gathered for every layer at once (L x one layer's prefixes in memory; the decoding core never does)
         rows = slice(0, r) if in_order else slots
-        h = F.embedding(tokens.reshape(-1), self.embed)  # [R*K*T, E] (or [B'*T, E])
+        blocks = request.shape[0]
+        h = F.embedding(tokens.reshape(blocks, t), self.embed)  # [B', T, E] (B' = R*K without valid)
+        cos, sin = cos.view(blocks, t, -1), sin.view(blocks, t, -1)
+        qscale = None if qscale is None else qscale.view(blocks, t)
         prefix = (cache.k[:, rows, :, :p_max], cache.v[:, rows, :, :p_max])  # [L, R, Hkv, P, D] each
         write = (cache, slots, positions) if write_cache else None
         h = (self.ragged_layers if layers is None else layers)(h, cos, sin, qscale, *prefix, lengths, request, bias,
                                                                write)
         if keep is not None:
-            h = h.view(-1, t, self.cfg.hidden_size)
             return self.logits(h if logit_rows is None else h[:, logit_rows])
         h = h.view(r, k, t, -1)
         out = self.logits(h if logit_rows is None else h[:, :, logit_rows])
@@ -281,10 +283,10 @@ class DLLM(nn.Module):
 
     def ragged_layers(
         self,
-        h: torch.Tensor,  # [B'*T, E] embedded rows of the computed blocks
-        cos: torch.Tensor,  # [B'*T, D]
-        sin: torch.Tensor,  # [B'*T, D]
-        qscale: torch.Tensor | None,  # [B'*T]
+        h: torch.Tensor,  # [B', T, E] embedded rows of the computed blocks
+        cos: torch.Tensor,  # [B', T, D]
+        sin: torch.Tensor,  # [B', T, D]
+        qscale: torch.Tensor | None,  # [B', T]
         prefix_k: torch.Tensor,  # [L, R, Hkv, P, D] each request's prefix, padded past its length (a view)
         prefix_v: torch.Tensor,  # [L, R, Hkv, P, D]
         lengths: torch.Tensor,  # [R] long
@@ -292,19 +294,26 @@ class DLLM(nn.Module):
         bias: torch.Tensor | None,  # [T, T] additive inside the block, None = bidirectional
         write: tuple[BatchCache, torch.Tensor, torch.Tensor] | None = None,  # (cache, slots [R], positions [R, T])
     ) -> torch.Tensor:
-        """:meth:`forward_ragged`'s layer stack: the last hidden rows ``[B'*T, E]``. With ``write``, each block's K/V
-        is stored at its request's positions."""
-        t = cos.shape[0] // request.shape[0]
+        """:meth:`forward_ragged`'s layer stack: the last hidden rows ``[B', T, E]``. With ``write``, each block's K/V
+        is stored at its request's positions.
+
+        NOTE: rows stay ``[B', T, ...]`` and every view names its sizes: under ``torch.compile`` with dynamic shapes a
+        size derived by division (``rows // blocks``, or a ``-1`` in a view of flattened rows) becomes a floor-division
+        symbol, and inductor then spent over 10 minutes in sympy on one graph of this stack (py-spy, AVX2 EPYC)."""
+        b, t, e = h.shape
+        h = h.reshape(b * t, e)
+        cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
+        qscale = None if qscale is None else qscale.reshape(b * t)
         for i, layer in enumerate(self.layers):
             q, kk, v = layer.qkv(h, cos, sin, qscale)
-            kk, v = kk.view(-1, t, layer.hkv, layer.d), v.view(-1, t, layer.hkv, layer.d)  # [B', T, Hkv, D]
-            o = attend_ragged(q.view(-1, t, layer.hq, layer.d), prefix_k[i], prefix_v[i], lengths, request, kk, v,
+            kk, v = kk.view(b, t, layer.hkv, layer.d), v.view(b, t, layer.hkv, layer.d)
+            o = attend_ragged(q.view(b, t, layer.hq, layer.d), prefix_k[i], prefix_v[i], lengths, request, kk, v,
                               bias, self.scale)
             if write is not None:
                 write[0].write(i, write[1], write[2], kk, v)
-            h = h + layer.attn_out(o.to(h.dtype).reshape(-1, layer.hq, layer.d))
+            h = h + layer.attn_out(o.to(h.dtype).reshape(b * t, layer.hq, layer.d))
             h = h + layer.ffn(h)
-        return h
+        return h.view(b, t, e)
 
     def prefill(
         self,
