@@ -9,6 +9,13 @@ can gain; ``eager ÷ compiled`` is what :mod:`specfold.engine.compiled` gains. P
 prefix of P keys, one thread, the four timed side by side (interleaved rounds, medians).
 
     python scripts/compile_ceiling.py [--branches 1,3,8] [--prefix 160] [--dtype fp32] [--repeats 15] [--json]
+
+``--decode N``: the same bound for whole decodes instead of passes. Each method decodes N held-out prompts per domain
+eager at batch 1 under the profiler; ``kernels`` is the time inside the GEMM and attention kernels (``aten::mm``,
+``addmm``, SDPA's flash kernel) — everything compiling cannot shrink — and ``wall ÷ kernels`` the most compiling
+could raise its tokens/s (the profiler's own overhead lands in ``wall``, so the bound is generous).
+
+    python scripts/compile_ceiling.py --decode 5 [--methods vanilla,spiffy,specfold] [--json]
 """
 
 from __future__ import annotations
@@ -57,6 +64,39 @@ def attention_floor(net, k: int, prefix: int):
     return run
 
 
+# the kernels compiling reuses as they are: inductor calls the same BLAS and the same flash attention
+KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def decode_bound(methods: list[str], per_domain: int, dtype: str) -> list[dict]:
+    """Each method's eager batch-1 decode of ``per_domain`` held-out prompts per domain: wall seconds, seconds in
+    :data:`KERNELS`, and their ratio (see the module docstring)."""
+    from torch.profiler import profile
+
+    from specfold.api import decode_config_for, encode_prompt, prepare_method
+    from specfold.config import MethodConfig
+    from specfold.decoding.decoder import decode
+    from specfold.eval.tasks.synthetic import TASKS, load_split
+
+    model = specfold.load_model(dtype=dtype)
+    cfg = decode_config_for(model, 64)
+    prompts = [encode_prompt(model, s.prompt) for t in TASKS for s in load_split(t, "test", limit=per_domain)]
+    out = []
+    for name in methods:
+        m = prepare_method(model, MethodConfig(name, compile=False), cfg)
+        with torch.no_grad():
+            decode(model, prompts[0], cfg, verifier=m.verifier, drafter=m.drafter)  # warm-up
+            with profile() as prof:
+                t0 = time.perf_counter()
+                tokens = sum(len(decode(model, ids, cfg, verifier=m.verifier, drafter=m.drafter).token_ids)
+                             for ids in prompts)
+                wall = time.perf_counter() - t0
+        kernels = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in KERNELS) / 1e6
+        out.append({"method": name, "prompts": len(prompts), "tokens": tokens, "dtype": dtype, "wall_s": wall,
+                    "kernel_s": kernels, "bound": wall / kernels})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--branches", default="1,3,8", help="K values, comma-separated (default 1,3,8)")
@@ -64,8 +104,21 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", action="store_true", help="one JSON object per K")
+    ap.add_argument("--decode", type=int, default=0, metavar="N",
+                    help="instead: whole eager decodes of N held-out prompts per domain (see above)")
+    ap.add_argument("--methods", default="vanilla,spiffy,specfold", help="with --decode (default: all three)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.decode:
+        rows = decode_bound(args.methods.split(","), args.decode, args.dtype)
+        for r in rows:
+            if args.json:
+                print(json.dumps(r))
+            else:
+                print(f"{r['method']:>9}: {r['prompts']} prompts, {r['tokens']} tokens, wall {r['wall_s']:.2f} s, in "
+                      f"GEMM + attention kernels {r['kernel_s']:.2f} s: compiling can raise tokens/s at most "
+                      f"{r['bound']:.2f}x")
+        return
     net = specfold.load_model(dtype=args.dtype).net
     gen = torch.Generator().manual_seed(0)
     cache = net.new_cache(args.prefix + 32)
