@@ -14,8 +14,9 @@ Scores and the state are kept in fp32 (fp64 for fp64 models); the P·V products 
 
 A long prefix is streamed: when the prefix scores of all rows and heads would exceed :data:`SCORE_BUDGET`
 elements, :func:`attend` visits the prefix in key tiles and merges them with the same ``(m, Z, O)`` rescaling, so
-memory stays ``rows × tile`` whatever ``P`` is. Below the budget (every vanilla pass up to 64k positions at 8
-query heads) it is the single-GEMM path, bit for bit.
+memory stays ``rows × tile`` whatever ``P`` is. Below the budget (32 rows up to 64k positions at 8 query heads)
+it is the single-GEMM path, bit for bit. :func:`attend` is the explicit form, the reference of the fused paths
+below and of the folded engine's row attention (:mod:`specfold.engine.attention_rows`).
 
 Rows that need no softmax state, only outputs, run through ``torch.nn.functional.scaled_dot_product_attention``
 (a flash kernel on CPU and GPU: no ``rows × keys`` scores per head): prefill rows (:func:`attend_prefill`, over the
@@ -185,9 +186,9 @@ def attend_fused(
 ) -> torch.Tensor:
     """:func:`attend`'s output ``o [B, T, Hq, D]`` (q's dtype) through the fused SDPA kernel, without the softmax
     state (its reference: ``attend(...).o``). The dense forward's attention: on CPU a flash kernel, no ``rows × keys``
-    scores per head (measured on this project's AVX2 EPYC, fp32, prefix 160, 32 rows a branch, per layer: 0.19 /
-    0.62 / 1.20 ms at 1 / 3 / 8 branches against :func:`attend`'s 0.48 / 1.24 / 2.60, eager; 0.24 / 0.66 / 1.30
-    against 0.29 / 0.94 / 2.23 compiled)."""
+    scores per head; each branch's keys are the prefix (copied once per branch, grouped under
+    :data:`SCORE_BUDGET` like :func:`attend_ragged`) followed by its block. ``scripts/dense_attention_ab.py`` times
+    the embedded model's dense pass with either form (docs/results.md: eager 14–32 % faster at 1–8 branches)."""
     b = q.shape[0]
     if prefix_k is None or prefix_k.shape[1] == 0:
         return _ragged_group(q, None, None, None, None, block_k, block_v, bias, scale)
