@@ -15,6 +15,10 @@ def test_embedded_shape_at_an_imposed_fold_ratio():
     assert res.shape == "embedded" and res.layers == 8  # all of the shipped model's layers
     assert res.imposed_fold == 0.6 and abs(res.fold_ratio - 0.6) < 0.1  # every layer folds ~60% of its drafts
     assert res.rows_seconds > 0 and res.rows_ratio == pytest.approx(res.folded_seconds / res.rows_seconds)
+    from specfold.engine.pass_measure import _PASS_MEASURED  # the per-pass rule's constants, as the verifiers use them
+
+    assert res.rule_dense_layer_seconds > 0 and res.rule_gate_seconds >= 0
+    assert (res.rule_dense_layer_seconds, res.rule_gate_seconds) in [v[:2] for v in _PASS_MEASURED.values()]
     plain = bench_pass("embedded", 0.1, prefix=48, repeats=1, dtype=torch.float32)
     assert plain.imposed_fold is None and plain.rows_seconds is None and plain.rows_ratio is None
     with pytest.raises(ValueError, match="embedded"):

@@ -24,8 +24,10 @@ import torch
 
 from specfold.bench.layer import SHAPES, default_parents, model_config
 from specfold.bench.ops import count_ops
+from specfold.engine.cost import LayerCost
 from specfold.engine.dense import DenseVerifier
 from specfold.engine.folded import FoldedVerifier
+from specfold.engine.pass_measure import measure_pass
 from specfold.engine.profiling import PARTS
 from specfold.model.random_checkpoint import random_model
 from specfold.timing import interleaved, timed_call
@@ -63,6 +65,10 @@ class PassBenchResult:
     compiled_rows_ratio: float | None = None  # compiled folded / compiled rows limit
     compile_seconds: float | None = None  # the warm-up passes that compiled (folded and dense forwards)
     compiled_graphs: int | None = None
+    # the per-pass rule's constants on this machine (engine/cost.py PassCost, measured once per process): one dense
+    # layer over its calibration rows, and G, the bookkeeping one folded layer adds
+    rule_dense_layer_seconds: float | None = None
+    rule_gate_seconds: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -194,6 +200,7 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
     parts["other"] = max(0.0, total - sum(parts.values()))
     counter = count_ops(run_folded)
     d_med, f_med = t["dense"].median, t["folded"].median
+    rule = measure_pass(net, folded.cost) if isinstance(folded.cost, LayerCost) else None
     med = {name: t[name].median for name in ("compiled", "compiled_dense", "compiled_rows") if name in t}
     crows = med["compiled"] / med["compiled_rows"] if "compiled_rows" in med else None
     return PassBenchResult(
@@ -208,4 +215,6 @@ def _bench_pass(shape, delta, layers, vocab, branches, block, prefix, dtype, rep
         compiled_seconds=med.get("compiled"), compiled_dense_seconds=med.get("compiled_dense"),
         compiled_rows_seconds=med.get("compiled_rows"), compiled_rows_ratio=crows,
         compile_seconds=compiled.get("compile_seconds"), compiled_graphs=compiled.get("compiled_graphs"),
+        rule_dense_layer_seconds=None if rule is None else rule.dense_seconds,
+        rule_gate_seconds=None if rule is None else rule.gate_seconds,
     )

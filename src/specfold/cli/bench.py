@@ -24,7 +24,7 @@ from specfold.cli.common import (
     resolve_dtype,
     threshold_type,
 )
-from specfold.config import Backend, MethodConfig
+from specfold.config import AttentionMode, Backend, MethodConfig
 
 DTYPE_HELP = ("auto (default): bf16 where the CPU has native bf16 matrix units (AMX, AVX-512 BF16) or on a GPU, fp32 "
               "elsewhere (a bf16 GEMM is emulated on an AVX2-only CPU: use --dtype bf16 to measure that anyway)")
@@ -83,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fold-ratio", type=float_list, default=[None],
                    help="impose fold ratio(s) f on every layer instead of the gate's decisions, and time the rows "
                    "limit beside (a dense pass over the rows a folded layer recomputes)")
+    p.add_argument("--attention", choices=choices(AttentionMode), default="auto",
+                   help="folded rows' attention: auto (the cost rule's choice per layer, default), direct (every "
+                   "row's attention recomputed from its source's query) or correct (Eq. 8 from the parent's state)")
     p.add_argument("--layers", type=positive_int, default=4, help="layers of the model (default 4)")
     p.add_argument("--vocab", type=positive_int, default=None, help="vocabulary (default: the shape's real one)")
     p.add_argument("--branches", type=positive_int, default=7, help="draft branches B (default 7)")
@@ -210,7 +213,8 @@ def run_pass(args: argparse.Namespace) -> int:
     for shape, delta, f in grid:
         res = bench_pass(shape, delta, layers=args.layers, vocab=args.vocab, branches=args.branches,
                          block=args.block, prefix=args.prefix, dtype=dtype, repeats=args.repeats,
-                         threads=args.threads, device=args.device, imposed_fold=f, compile=args.compile)
+                         threads=args.threads, device=args.device, imposed_fold=f, compile=args.compile,
+                         attention=args.attention)
         if args.json:
             print(json.dumps(res.as_dict()), flush=True)
             continue
@@ -228,6 +232,9 @@ def run_pass(args: argparse.Namespace) -> int:
             print(f"    compiled: folded {res.compiled_seconds * 1e3:8.1f} ms  dense "
                   f"{res.compiled_dense_seconds * 1e3:8.1f} ms{crows}  ({res.compiled_graphs} graphs, "
                   f"{res.compile_seconds:.1f} s compiling)", flush=True)
+        if res.rule_gate_seconds is not None:
+            print(f"    per-pass rule on this machine: dense layer {res.rule_dense_layer_seconds * 1e3:.2f} ms, "
+                  f"bookkeeping of a folded layer G {res.rule_gate_seconds * 1e3:.2f} ms", flush=True)
     return 0
 
 
