@@ -187,7 +187,9 @@ def attend_fused(
     """:func:`attend`'s output ``o [B, T, Hq, D]`` (q's dtype) through the fused SDPA kernel, without the softmax
     state (its reference: ``attend(...).o``). The dense forward's attention: on CPU a flash kernel, no ``rows × keys``
     scores per head; each branch's keys are the prefix (copied once per branch, grouped under
-    :data:`SCORE_BUDGET` like :func:`attend_ragged`) followed by its block. ``scripts/dense_attention_ab.py`` times
+    :data:`SCORE_BUDGET` like :func:`attend_ragged`) followed by its block. NOTE: one branch's copy is one layer's
+    prefix K/V, transient, whatever the budget (at a 64k prefix with 8 KV heads of 128 dims: 134 MB each in bf16);
+    :func:`attend` streams the prefix in tiles where even that must be avoided. ``scripts/dense_attention_ab.py`` times
     the embedded model's dense pass with either form (docs/results.md: eager 14–32 % faster at 1–8 branches)."""
     b = q.shape[0]
     if prefix_k is None or prefix_k.shape[1] == 0:
