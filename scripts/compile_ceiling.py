@@ -147,7 +147,8 @@ def main() -> None:
         for r in results:
             print(json.dumps(r))
         return
-    print(f"embedded model, {args.dtype}, one thread, prefix {args.prefix}, medians of {args.repeats} interleaved rounds")
+    print(f"embedded model, {args.dtype}, one thread, prefix {args.prefix}, "
+          f"medians of {args.repeats} interleaved rounds")
     print(f"{'K':>3} {'rows':>5} {'eager ms':>9} {'compiled':>9} {'GEMMs':>7} {'floor':>7} {'gain':>6} {'ceiling':>8}")
     for r in results:
         print(f"{r['branches']:>3} {r['rows']:>5} {r['eager_ms']:>9.2f} {r['compiled_ms']:>9.2f} "

@@ -50,7 +50,8 @@ def main() -> None:
             s = torch.randint(0, net.cfg.vocab_size - 1, (k, 32), generator=gen)
             eager = lambda s=s: net(s, cache, mask="bidirectional")
             comp = lambda s=s: forwards.forward(s, cache, mask="bidirectional")
-            runs = {"eager explicit": with_attention(explicit, eager), "eager fused": with_attention(attend_fused, eager),
+            runs = {"eager explicit": with_attention(explicit, eager),
+                    "eager fused": with_attention(attend_fused, eager),
                     "compiled explicit": with_attention(explicit, comp),
                     "compiled fused": with_attention(attend_fused, comp)}
             for run in runs.values():  # compile each variant before timing
