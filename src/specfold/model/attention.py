@@ -190,7 +190,7 @@ def attend_fused(
     :data:`SCORE_BUDGET` like :func:`attend_ragged`) followed by its block. NOTE: one branch's copy is one layer's
     prefix K/V, transient, whatever the budget (at a 64k prefix with 8 KV heads of 128 dims: 134 MB each in bf16);
     :func:`attend` streams the prefix in tiles where even that must be avoided. ``scripts/dense_attention_ab.py`` times
-    the embedded model's dense pass with either form (docs/results.md: eager 14–32 % faster at 1–8 branches)."""
+    the embedded model's dense pass with either form (docs/results.md: eager passes 10–24 % shorter at 1–8 branches)."""
     b = q.shape[0]
     if prefix_k is None or prefix_k.shape[1] == 0:
         return _ragged_group(q, None, None, None, None, block_k, block_v, bias, scale)
