@@ -46,8 +46,8 @@ def graphs_compiled() -> int:
 def _dynamic_config() -> None:
     """Room for the few specialisations dynamic shapes still make. NOTE: duck shaping stays on: without it the
     ragged layer stack's symbols multiply and inductor's post-grad passes spent over 20 minutes in sympy on one
-    graph (py-spy, AVX2 EPYC); with it, two sizes equal on a graph's first call (8 layers, 8 requests) are one
-    symbol until a call tells them apart, and that call compiles once more."""
+    graph (py-spy, AVX2 EPYC); with it, two sizes equal on a graph's first call (8 requests in a cache of 8 slots)
+    are related until a call tells them apart, and that call compiles once more."""
     import torch._dynamo
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)

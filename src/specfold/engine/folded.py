@@ -62,11 +62,16 @@ FOLD_MEMORY = 8  # passes the running fold ratio f̂ averages over (an exponenti
 DENSE_STATS_KEPT = 1024  # statistics of dense passes kept per verifier (by shape and branch graph)
 
 
-def _compile_cost_of(dense: list[FoldStats], stats: list[FoldStats]) -> list[FoldStats]:
-    """``stats`` (per request) with the compile seconds and graphs a dense pass's statistics ``dense`` carry (the
-    compiled forwards put a pass's on its first request): a pass run by the dense verifier reports what it compiled."""
-    return [replace(s, compile_seconds=d.compile_seconds, compiled_graphs=d.compiled_graphs) if d.compiled_graphs
-            else s for d, s in zip(dense, stats, strict=True)]
+def _with_compile(stats: list[FoldStats], seconds: float, graphs: int) -> list[FoldStats]:
+    """``stats`` (per request) with a pass's compile seconds and graphs on its first request, where the compiled
+    forwards and the compiled fold put them. ``stats`` itself is never changed: it may be a memoised list
+    (:meth:`FoldedVerifier._dense_stats`)."""
+    return [replace(stats[0], compile_seconds=seconds, compiled_graphs=graphs), *stats[1:]] if graphs else stats
+
+
+def _dense_compile(dense: FoldStats, stats: list[FoldStats]) -> list[FoldStats]:
+    """``stats`` with what a pass the dense verifier ran compiled (``dense``: its first request's statistics)."""
+    return _with_compile(stats, dense.compile_seconds, dense.compiled_graphs)
 
 
 class FoldedVerifier:
@@ -147,11 +152,11 @@ class FoldedVerifier:
         head = None if rows is None else (k - 1) * (rows.stop - rows.start) * len(net.layers)  # block draft triples
         if k == 1 and not trace:  # no drafts: nothing can fold
             dense = self._dense.verify(cache, states, parents, rows)
-            return VerifyResult(dense.logits, _compile_cost_of([dense.stats], [self._root_stats(n)])[0]), None
+            return VerifyResult(dense.logits, _dense_compile(dense.stats, [self._root_stats(n)])[0]), None
         par, checked = self._parents(parents[None])
         if not trace and self._dense_pass(k * n, n, cache.length):
             dense = self._dense.verify(cache, states, parents, rows)
-            stats = _compile_cost_of([dense.stats], self._dense_stats(checked, n, [k]))[0]
+            stats = _dense_compile(dense.stats, self._dense_stats(checked, n, [k]))[0]
             return VerifyResult(dense.logits, stats if head is None else replace(stats, block_draft_triples=head)), None
         cos, sin, qscale = net.rope_tables(cache.start, n)
         graph = BranchGraph.of(checked[0], net.device) if self.cfg.backend == "torch" else None
@@ -177,13 +182,13 @@ class FoldedVerifier:
         r, kb, n = batch.states.shape
         if all(b == 1 for b in batch.branches):  # no request has drafts (every block start at R = 1)
             dense = self._dense.verify_batch(batch)
-            return BatchVerifyResult(dense.logits, _compile_cost_of(dense.stats, [self._root_stats(n)] * r))
+            return BatchVerifyResult(dense.logits, _dense_compile(dense.stats[0], [self._root_stats(n)] * r))
         dev = net.device
         local, checked = self._parents(batch.parents)
         rows = sum(batch.branches) * n
         if self._dense_pass(rows, n, batch.lengths, roots=r):
             dense = self._dense.verify_batch(batch)
-            return BatchVerifyResult(dense.logits, _compile_cost_of(dense.stats, self._dense_stats(checked, n,
+            return BatchVerifyResult(dense.logits, _dense_compile(dense.stats[0], self._dense_stats(checked, n,
                                                                                                  batch.branches)))
         lengths = batch.lengths.to(dev)
         ragged = self.cfg.backend == "torch"
@@ -232,11 +237,7 @@ class FoldedVerifier:
 
     def _compile_cost(self, stats: list[FoldStats]) -> list[FoldStats]:
         """The compiled folded layer's compile seconds and graphs of this pass, on its first request."""
-        if self._fold is not None:
-            seconds, graphs = self._fold.take()
-            if graphs:
-                stats[0] = replace(stats[0], compile_seconds=seconds, compiled_graphs=graphs)
-        return stats
+        return stats if self._fold is None else _with_compile(stats, *self._fold.take())
 
     def _observe(self, stats: FoldStats) -> None:
         """Move f̂ towards a folded pass's fold ratio."""
